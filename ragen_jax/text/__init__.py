@@ -1,0 +1,1 @@
+"""Text: tokenizer assets, prompt template and the in-graph codec."""

@@ -1,0 +1,1 @@
+"""Pure-JAX environments (Sokoban, FrozenLake), their BFS solver and registry."""

@@ -1,0 +1,72 @@
+"""The functional environment interface every ragen_jax environment follows.
+
+An environment object holds no state: `reset` and `step` are pure functions of pytrees
+(gymnax style), so they jit, vmap and live inside one XLA graph with the model. Parameters
+are a frozen, hashable dataclass whose fields are static (they fix array shapes).
+
+Conventions shared by all environments:
+- actions are int32 1..len(action_names); anything else is an invalid action, a no-op
+  that still counts as a step (gym-sokoban's action 0);
+- stepping a finished episode changes nothing and returns reward 0 and done=True;
+- `info` carries `success`, `action_is_valid`, `action_is_effective` and `truncated`;
+- `symbol_grid(state, params)` gives the int32 grid of symbol ids that both the host-side
+  `render_text` and the in-graph text codec render from `symbols`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Info = dict[str, jax.Array]
+
+
+class Environment:
+    """Base class; subclasses set the class attributes and implement the methods."""
+
+    name: str = ""
+    action_names: tuple[str, ...] = ()  # action k (1-based) is action_names[k - 1]
+    symbols: tuple[str, ...] = ()  # symbol id -> the text drawn for that cell
+
+    def default_params(self) -> Any:
+        raise NotImplementedError
+
+    def reset(self, key: jax.Array, params: Any) -> Any:
+        raise NotImplementedError
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any):
+        raise NotImplementedError
+
+    def symbol_grid(self, state: Any, params: Any) -> jax.Array:
+        raise NotImplementedError
+
+    def instructions(self) -> str:
+        """The rules and symbol legend, as the agent reads them in its system prompt."""
+        raise NotImplementedError
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.action_names)
+
+    def render_grid(self, state: Any, params: Any) -> str:
+        """Host-side text of the board: cells separated by spaces, rows by newlines.
+
+        Space-separated cells make every cell its own pre-token under Qwen2's
+        pre-tokenizer, which is what lets the in-graph codec reproduce
+        `tokenizer.encode(text)` piece by piece (DESIGN decision 2).
+        """
+        grid = np.asarray(jax.device_get(self.symbol_grid(state, params)))
+        return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)
+
+    def render_text(self, state: Any, params: Any, fmt: str = "grid") -> str:
+        if fmt != "grid":
+            raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: 'grid'")
+        return self.render_grid(state, params)
+
+
+def is_valid_action(action: jax.Array, num_actions: int) -> jax.Array:
+    return (action >= 1) & (action <= num_actions)
+

@@ -1,0 +1,479 @@
+"""Sokoban in pure JAX: gym-sokoban's rules and its procedural level generator, made jittable.
+
+The cell codes are gym-sokoban's, so a state can be compared with (or copied into) the
+reference environment array for array:
+
+    room_fixed: 0 wall, 1 floor, 2 target                    (what never moves)
+    room_state: 0 wall, 1 floor, 2 empty target, 3 box on target, 4 box, 5 player
+
+Level generation follows gym-sokoban's three stages (SPEC §2):
+1. topology: a random walk of `num_gen_steps` steps stamping 3×3 floor masks;
+2. placement: the player and `num_boxes` targets on distinct random floor cells, every box
+   starting on its own target (the solved state);
+3. reverse play: from the solved state, move backwards with "pull" moves and keep the state
+   that maximises `pulls × Σ|box − its target|₁` (0 while any target is covered by a box or
+   the player). gym-sokoban does this with a recursive depth-first search; here a small beam
+   of distinct states is expanded by all eight reverse actions per round inside a `scan`,
+   which finds levels as hard as gym-sokoban's (tests compare the mean optimal solution
+   length of both generators, measured by the same BFS solver).
+A try whose best score is 0 is thrown away and the whole level regenerated, as gym-sokoban
+does; `lax.while_loop` keeps that inside jit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ragen_jax.envs.base import Environment, Info, is_valid_action
+
+WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER = 0, 1, 2, 3, 4, 5
+PLAYER_ON_TARGET = 6  # only in symbol grids: gym-sokoban draws it from room_fixed
+
+# Action k (1-based) moves by MOVES[k - 1]: Up, Down, Left, Right.
+MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)], dtype=np.int32)
+
+# gym-sokoban's random-walk directions and 3×3 floor masks.
+WALK_DIRECTIONS = np.array([(1, 0), (0, 1), (-1, 0), (0, -1)], dtype=np.int32)
+FLOOR_MASKS = np.array(
+    [
+        [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
+        [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
+        [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
+    ],
+    dtype=np.int32,
+)
+
+STEP_PENALTY = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+BOX_OFF_TARGET_PENALTY = -1.0
+FINISHED_REWARD = 10.0
+
+
+@struct.dataclass
+class SokobanParams:
+    """Static settings (they fix array shapes, so jit specialises on them)."""
+
+    dim_room: tuple[int, int] = struct.field(pytree_node=False, default=(6, 6))
+    num_boxes: int = struct.field(pytree_node=False, default=1)
+    max_steps: int = struct.field(pytree_node=False, default=100)
+    search_depth: int = struct.field(pytree_node=False, default=300)
+    # Random-walk steps of the topology; None means gym-sokoban's int(1.7 * (rows + cols)).
+    num_gen_steps: int | None = struct.field(pytree_node=False, default=None)
+    p_change_direction: float = struct.field(pytree_node=False, default=0.35)
+    # Reverse play: a beam this wide, expanded min(search_depth - 1, max_search_steps) times;
+    # None caps the rounds at (interior cells - 6), calibrated so that levels are as hard as
+    # gym-sokoban's (tests/envs/test_sokoban_generation.py measures both).
+    reverse_beam: int = struct.field(pytree_node=False, default=8)
+    max_search_steps: int | None = struct.field(pytree_node=False, default=None)
+    tie_swap: float = struct.field(pytree_node=False, default=0.2)
+    # Whole-level regenerations allowed before giving up (a try fails with probability ≪ 1%).
+    max_tries: int = struct.field(pytree_node=False, default=64)
+
+    def __post_init__(self):
+        rows, cols = self.dim_room
+        if rows < 5 or cols < 5:
+            raise ValueError(f"dim_room={tuple(self.dim_room)} is too small: rows and cols must be >= 5")
+        interior = (rows - 2) * (cols - 2)
+        if self.num_boxes < 1:
+            raise ValueError(f"num_boxes={self.num_boxes} must be >= 1")
+        if self.num_boxes + 1 >= interior:
+            raise ValueError(
+                f"num_boxes={self.num_boxes} does not fit dim_room={tuple(self.dim_room)}: "
+                f"boxes + player must be fewer than the {interior} interior floor cells"
+            )
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1")
+        if self.search_depth < 2:
+            raise ValueError(f"search_depth={self.search_depth} must be >= 2")
+        if self.num_gen_steps is not None and self.num_gen_steps < 1:
+            raise ValueError(f"num_gen_steps={self.num_gen_steps} must be >= 1 (or None)")
+        if not 0.0 <= self.p_change_direction <= 1.0:
+            raise ValueError(f"p_change_direction={self.p_change_direction} must be in [0, 1]")
+        for name in ("reverse_beam", "max_tries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.max_search_steps is not None and self.max_search_steps < 1:
+            raise ValueError(f"max_search_steps={self.max_search_steps} must be >= 1 (or None)")
+        if not 0.0 <= self.tie_swap <= 1.0:
+            raise ValueError(f"tie_swap={self.tie_swap} must be in [0, 1]")
+
+    @property
+    def gen_steps(self) -> int:
+        if self.num_gen_steps is not None:
+            return self.num_gen_steps
+        return int(1.7 * (self.dim_room[0] + self.dim_room[1]))
+
+    @property
+    def search_steps(self) -> int:
+        # gym-sokoban's DFS starts with ttl=search_depth and stops at ttl<=0: depth-1 moves.
+        cap = self.max_search_steps
+        if cap is None:
+            cap = max(4, (self.dim_room[0] - 2) * (self.dim_room[1] - 2) - 6)
+        return min(self.search_depth - 1, cap)
+
+
+SIMPLE_SOKOBAN = SokobanParams(dim_room=(6, 6), num_boxes=1, max_steps=100, search_depth=300)
+LARGER_SOKOBAN = SokobanParams(dim_room=(8, 8), num_boxes=2, max_steps=100, search_depth=10)
+
+
+@struct.dataclass
+class SokobanState:
+    room_fixed: jax.Array  # int32[R, C]: 0 wall, 1 floor, 2 target
+    room_state: jax.Array  # int32[R, C]: gym-sokoban codes 0..5
+    player: jax.Array  # int32[2]
+    boxes_on_target: jax.Array  # int32
+    step_count: jax.Array  # int32
+    done: jax.Array  # bool
+    success: jax.Array  # bool
+
+
+# ---------------------------------------------------------------------------------------
+# Level generation
+# ---------------------------------------------------------------------------------------
+
+
+def room_topology(key: jax.Array, params: SokobanParams) -> jax.Array:
+    """gym-sokoban's random-walk room: int32[R, C] with 1 = floor, 0 = wall."""
+    rows, cols = params.dim_room
+    k_dir, k_row, k_col, k_walk = jax.random.split(key, 4)
+    directions = jnp.asarray(WALK_DIRECTIONS)
+    masks = jnp.asarray(FLOOR_MASKS)
+    direction = directions[jax.random.randint(k_dir, (), 0, 4)]
+    # gym-sokoban starts anywhere in [1, dim-1] and clamps to [1, dim-2] after each move.
+    position = jnp.stack([jax.random.randint(k_row, (), 1, rows), jax.random.randint(k_col, (), 1, cols)])
+    low, high = jnp.array([1, 1]), jnp.array([rows - 2, cols - 2])
+
+    def walk_step(carry, step_key):
+        level, position, direction = carry
+        k_change, k_new_dir, k_mask = jax.random.split(step_key, 3)
+        change = jax.random.uniform(k_change) < params.p_change_direction
+        direction = jnp.where(change, directions[jax.random.randint(k_new_dir, (), 0, 4)], direction)
+        position = jnp.clip(position + direction, low, high)
+        mask = masks[jax.random.randint(k_mask, (), 0, len(FLOOR_MASKS))]
+        corner = position - 1
+        patch = jax.lax.dynamic_slice(level, (corner[0], corner[1]), (3, 3))
+        level = jax.lax.dynamic_update_slice(level, patch + mask, (corner[0], corner[1]))
+        return (level, position, direction), None
+
+    level = jnp.zeros((rows, cols), jnp.int32)
+    step_keys = jax.random.split(k_walk, params.gen_steps)
+    (level, _, _), _ = jax.lax.scan(walk_step, (level, position, direction), step_keys)
+    interior = jnp.zeros((rows, cols), bool).at[1:-1, 1:-1].set(True)
+    return ((level > 0) & interior).astype(jnp.int32)
+
+
+def place_player_and_targets(key: jax.Array, floor: jax.Array, num_boxes: int):
+    """Distinct uniformly random floor cells: the player's, then one per target.
+
+    Ranking cells by uniform noise is a uniform random permutation of the floor cells,
+    the same distribution as gym-sokoban's sequential draws without replacement.
+    Returns (player int32[2], targets int32[num_boxes, 2], enough_floor bool).
+    """
+    rows, cols = floor.shape
+    noise = jax.random.uniform(key, (rows * cols,))
+    noise = jnp.where(floor.ravel() > 0, noise, -1.0)
+    _, flat = jax.lax.top_k(noise, num_boxes + 1)
+    cells = jnp.stack([flat // cols, flat % cols], axis=-1).astype(jnp.int32)
+    enough_floor = floor.sum() > num_boxes + 1  # gym-sokoban's own requirement
+    return cells[0], cells[1:], enough_floor
+
+
+def _score(player, boxes, pulls, targets):
+    """gym-sokoban's level score: pulls × Σ|box − its target|₁, and 0 while any target is
+    covered (by a box or by the player), so no level starts partly solved."""
+    displacement = jnp.abs(boxes - targets).sum()
+    box_on_target = (boxes[:, None, :] == targets[None, :, :]).all(-1).any()
+    player_on_target = (player[None, :] == targets).all(-1).any()
+    return jnp.where(box_on_target | player_on_target, 0, pulls * displacement)
+
+
+def _reverse_move(player, boxes, pulls, delta, pull, walls):
+    """The player steps onto free floor; a pull also drags the box behind it along."""
+    nxt = player + delta
+    can_move = ~walls[nxt[0], nxt[1]] & ~(boxes == nxt).all(-1).any()
+    dragged = (boxes == player - delta).all(-1) & can_move & pull
+    boxes = jnp.where(dragged[:, None], player[None, :], boxes)
+    pulls = pulls + dragged.any().astype(jnp.int32)
+    return jnp.where(can_move, nxt, player), boxes, pulls
+
+
+def reverse_play(key, walls, targets, player, params: SokobanParams):
+    """Search pull moves from the solved state for the best-scoring start state.
+
+    A beam of `reverse_beam` distinct states is expanded by all eight reverse actions
+    (four directions, with or without pulling) for `search_steps` rounds; each round keeps
+    the best distinct states (ranked by score, then by the score ignoring covered targets
+    so that boxes get pulled off their targets first, then by noise for variety). Returns
+    the best (score, player, boxes) seen.
+    """
+    rows, cols = walls.shape
+    width = params.reverse_beam
+    moves = jnp.asarray(MOVES)
+    deltas = jnp.repeat(moves, 2, axis=0)  # 8 reverse actions: (direction, pull)
+    pulls_flag = jnp.tile(jnp.array([False, True]), 4)
+
+    def state_key(player, boxes):
+        cells = jnp.concatenate([player[None], boxes]) @ jnp.array([cols, 1])
+        return (cells * (rows * cols) ** jnp.arange(cells.shape[0])).sum()
+
+    def expand(carry, step_key):
+        players, boxes, pulls, alive, best = carry
+        step_key, tie_key = jax.random.split(step_key)
+        move = jax.vmap(jax.vmap(_reverse_move, (None, None, None, 0, 0, None)), (0, 0, 0, None, None, None))
+        c_players, c_boxes, c_pulls = move(players, boxes, pulls, deltas, pulls_flag, walls)
+        c_players = c_players.reshape(-1, 2)
+        c_boxes = c_boxes.reshape(-1, *boxes.shape[1:])
+        c_pulls = c_pulls.reshape(-1)
+        c_alive = jnp.repeat(alive, 8)
+        score = jax.vmap(_score, (0, 0, 0, None))(c_players, c_boxes, c_pulls, targets)
+        raw = c_pulls * jnp.abs(c_boxes - targets).sum((1, 2))
+        rank = score * 1024.0 + raw + jax.random.uniform(step_key, score.shape)
+        rank = jnp.where(c_alive, rank, -1.0)
+        # Keep one copy of each distinct state, the best-ranked one: candidates are hashed
+        # into slots and only each slot's best survives (a rare collision merely drops one).
+        slot = jax.vmap(state_key)(c_players, c_boxes) % (8 * width)
+        slot_best = jax.ops.segment_max(rank, slot, num_segments=8 * width)
+        rank = jnp.where(rank == slot_best[slot], rank, -1.0)
+        top_rank, keep = jax.lax.top_k(rank, width)
+
+        # The best state so far; a state scoring the same as the best replaces it with
+        # probability `tie_swap` (variety without drifting to the deepest ties).
+        k_pick, k_swap = jax.random.split(tie_key)
+        tie_break = jnp.where(c_alive, score + 0.5 * jax.random.uniform(k_pick, score.shape), -1.0)
+        cand = jnp.argmax(tie_break)
+        best_score, best_player, best_boxes = best
+        swap = (score[cand] == best_score) & jax.random.bernoulli(k_swap, params.tie_swap)
+        better = (score[cand] > best_score) | swap
+        best = (
+            jnp.where(better, score[cand], best_score),
+            jnp.where(better, c_players[cand], best_player),
+            jnp.where(better, c_boxes[cand], best_boxes),
+        )
+        return (c_players[keep], c_boxes[keep], c_pulls[keep], top_rank >= 0, best), None
+
+    players = jnp.broadcast_to(player, (width, 2))
+    boxes = jnp.broadcast_to(targets, (width, *targets.shape))
+    alive = jnp.zeros(width, bool).at[0].set(True)
+    best = (jnp.int32(0), player, targets)
+    carry = (players, boxes, jnp.zeros(width, jnp.int32), alive, best)
+    (_, _, _, _, best), _ = jax.lax.scan(expand, carry, jax.random.split(key, params.search_steps))
+    return best
+
+
+def generate_level_once(key: jax.Array, params: SokobanParams):
+    """One generation try: returns (room_fixed, room_state, player, score)."""
+    k_topology, k_place, k_walks = jax.random.split(key, 3)
+    floor = room_topology(k_topology, params)
+    player, targets, enough_floor = place_player_and_targets(k_place, floor, params.num_boxes)
+    walls = floor == 0
+    score, player, boxes = reverse_play(k_walks, walls, targets, player, params)
+    score = jnp.where(enough_floor, score, 0)
+
+    room_fixed = floor.at[targets[:, 0], targets[:, 1]].set(TARGET)
+    box_codes = jnp.where(room_fixed[boxes[:, 0], boxes[:, 1]] == TARGET, BOX_ON_TARGET, BOX)
+    room_state = room_fixed.at[boxes[:, 0], boxes[:, 1]].set(box_codes)
+    room_state = room_state.at[player[0], player[1]].set(PLAYER)
+    return room_fixed, room_state, player, score
+
+
+def generate_level(key: jax.Array, params: SokobanParams):
+    """Regenerate until a try scores above 0 (gym-sokoban's retry), at most `max_tries` times.
+
+    Try t uses `fold_in(key, t)`, so a level depends on its key alone; `generate_levels`
+    relies on that to give the same level for a key as this function.
+    """
+
+    def attempt(carry):
+        tries, _ = carry
+        return tries + 1, generate_level_once(jax.random.fold_in(key, tries), params)
+
+    def failed(carry):
+        tries, (_, _, _, score) = carry
+        return (score <= 0) & (tries < params.max_tries)
+
+    _, (room_fixed, room_state, player, _) = jax.lax.while_loop(failed, attempt, attempt((jnp.int32(0), None)))
+    return room_fixed, room_state, player
+
+
+def generate_levels(keys: jax.Array, params: SokobanParams):
+    """`generate_level` for a batch of keys, with retries only for the levels that need them.
+
+    Under `vmap`, a while-loop runs every lane until the slowest finishes, so a 12% failure
+    rate per try would regenerate the whole batch three or four times. Here the failed
+    levels are gathered into a quarter-size batch and retried there, lane by lane with the
+    same `fold_in(key, try)` schedule, so the result equals `vmap(generate_level)` exactly.
+    """
+    batch = keys.shape[0]
+    retry_size = max(1, min(batch, max(8, batch // 4)))
+    once = jax.vmap(lambda k, t: generate_level_once(jax.random.fold_in(k, t), params))
+    levels = once(keys, jnp.zeros(batch, jnp.int32))
+    tries = jnp.ones(batch, jnp.int32)
+
+    def pending(levels, tries):
+        return (levels[3] <= 0) & (tries < params.max_tries)
+
+    def retry(carry):
+        levels, tries = carry
+        lanes = jnp.nonzero(pending(levels, tries), size=retry_size, fill_value=batch)[0]
+        safe = jnp.minimum(lanes, batch - 1)
+        fresh = once(keys[safe], tries[safe])
+        levels = jax.tree.map(lambda old, new: old.at[lanes].set(new, mode="drop"), levels, fresh)
+        return levels, tries.at[lanes].add(1, mode="drop")
+
+    levels, _ = jax.lax.while_loop(lambda c: pending(*c).any(), retry, (levels, tries))
+    return levels[:3]
+
+
+# ---------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------
+
+
+def _count_empty_targets(room_fixed: jax.Array, room_state: jax.Array) -> jax.Array:
+    """Targets without a box: visible ones plus the one the player may stand on."""
+    visible = room_state == TARGET
+    under_player = (room_fixed == TARGET) & (room_state == PLAYER)
+    return (visible | under_player).sum()
+
+
+class Sokoban(Environment):
+    """Push every box onto a target. Rewards, pushes and limits exactly as gym-sokoban."""
+
+    name = "sokoban"
+    action_names = ("Up", "Down", "Left", "Right")
+    symbols = ("#", "_", "O", "√", "X", "P", "S")
+    render_formats = ("grid", "grid_coord")
+
+    def default_params(self) -> SokobanParams:
+        return SIMPLE_SOKOBAN
+
+    def state_from_rooms(self, room_fixed, room_state, params: SokobanParams) -> SokobanState:
+        """A fresh episode on a given level (gym-sokoban room arrays)."""
+        room_fixed = jnp.asarray(room_fixed, jnp.int32)
+        room_state = jnp.asarray(room_state, jnp.int32)
+        rows, cols = params.dim_room
+        flat = jnp.argmax((room_state == PLAYER).ravel())
+        player = jnp.stack([flat // cols, flat % cols]).astype(jnp.int32)
+        on_target = params.num_boxes - _count_empty_targets(room_fixed, room_state)
+        return SokobanState(
+            room_fixed=room_fixed,
+            room_state=room_state,
+            player=player,
+            boxes_on_target=on_target.astype(jnp.int32),
+            step_count=jnp.int32(0),
+            done=jnp.bool_(False),
+            success=jnp.bool_(False),
+        )
+
+    def reset(self, key: jax.Array, params: SokobanParams) -> SokobanState:
+        room_fixed, room_state, _ = generate_level(key, params)
+        return self.state_from_rooms(room_fixed, room_state, params)
+
+    def reset_batch(self, keys: jax.Array, params: SokobanParams) -> SokobanState:
+        """`vmap(reset)` that retries only the levels that need it (same levels, faster)."""
+        room_fixed, room_state, _ = generate_levels(keys, params)
+        return jax.vmap(self.state_from_rooms, in_axes=(0, 0, None))(room_fixed, room_state, params)
+
+    def step(self, key: jax.Array, state: SokobanState, action: jax.Array, params: SokobanParams):
+        del key  # Sokoban is deterministic
+        action = jnp.asarray(action, jnp.int32)
+        valid = is_valid_action(action, self.num_actions)
+        rows, cols = params.dim_room
+        room_fixed, room = state.room_fixed, state.room_state
+
+        delta = jnp.asarray(MOVES)[jnp.clip(action - 1, 0, 3)]
+        here = state.player
+        ahead = here + delta
+        beyond = here + 2 * delta
+        beyond_inside = (beyond >= 0).all() & (beyond[0] < rows) & (beyond[1] < cols)
+        beyond = jnp.clip(beyond, 0, jnp.array([rows - 1, cols - 1]))
+        cell_ahead = room[ahead[0], ahead[1]]
+        cell_beyond = room[beyond[0], beyond[1]]
+
+        box_ahead = (cell_ahead == BOX) | (cell_ahead == BOX_ON_TARGET)
+        free_beyond = (cell_beyond == FLOOR) | (cell_beyond == TARGET)
+        push = valid & box_ahead & free_beyond & beyond_inside
+        walk = valid & ((cell_ahead == FLOOR) | (cell_ahead == TARGET))
+        moved = push | walk
+
+        moved_room = room.at[here[0], here[1]].set(room_fixed[here[0], here[1]])
+        moved_room = moved_room.at[ahead[0], ahead[1]].set(PLAYER)
+        box_code = jnp.where(room_fixed[beyond[0], beyond[1]] == TARGET, BOX_ON_TARGET, BOX)
+        pushed_room = moved_room.at[beyond[0], beyond[1]].set(box_code)
+        new_room = jnp.where(push, pushed_room, jnp.where(moved, moved_room, room))
+        player = jnp.where(moved, ahead, here)
+
+        empty_targets = _count_empty_targets(room_fixed, new_room)
+        on_target = params.num_boxes - empty_targets
+        success = empty_targets == 0
+        reward = (
+            STEP_PENALTY
+            + jnp.where(on_target > state.boxes_on_target, BOX_ON_TARGET_REWARD, 0.0)
+            + jnp.where(on_target < state.boxes_on_target, BOX_OFF_TARGET_PENALTY, 0.0)
+            + jnp.where(success, FINISHED_REWARD, 0.0)
+        ).astype(jnp.float32)
+        step_count = state.step_count + 1
+        done = success | (step_count >= params.max_steps)
+
+        stepped = SokobanState(
+            room_fixed=room_fixed,
+            room_state=new_room,
+            player=player,
+            boxes_on_target=on_target.astype(jnp.int32),
+            step_count=step_count,
+            done=done,
+            success=success,
+        )
+        # A finished episode stays as it is.
+        finished = state.done
+        new_state = jax.tree.map(lambda old, new: jnp.where(finished, old, new), state, stepped)
+        info: Info = {
+            "success": new_state.success,
+            "action_is_valid": valid,
+            "action_is_effective": moved & ~finished,
+            "truncated": new_state.done & ~new_state.success,
+        }
+        return new_state, jnp.where(finished, 0.0, reward).astype(jnp.float32), new_state.done, info
+
+    def symbol_grid(self, state: SokobanState, params: SokobanParams) -> jax.Array:
+        on_target = (state.room_state == PLAYER) & (state.room_fixed == TARGET)
+        return jnp.where(on_target, PLAYER_ON_TARGET, state.room_state)
+
+    def render_text(self, state: SokobanState, params: SokobanParams, fmt: str = "grid") -> str:
+        """The board as the agent reads it: `grid`, or `grid_coord` (coordinates, then grid)."""
+        if fmt not in self.render_formats:
+            raise ValueError(f"render format {fmt!r} is not supported by sokoban; allowed: {self.render_formats}")
+        grid = self.render_grid(state, params)
+        if fmt == "grid":
+            return grid
+        fixed = np.asarray(state.room_fixed)
+        room = np.asarray(state.room_state)
+        rows, cols = fixed.shape
+
+        def cells(mask):
+            return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(mask)))
+
+        lines = [
+            f"Board size: {rows} rows x {cols} cols",
+            f"Targets: {cells(fixed == TARGET)}",
+            f"Boxes: {cells((room == BOX) | (room == BOX_ON_TARGET))}",
+            f"Player: {cells(room == PLAYER)}",
+        ]
+        return "\n".join(lines) + "\n" + grid
+
+    def instructions(self) -> str:
+        return (
+            "You are solving the Sokoban puzzle. You are the player and you need to push all "
+            "boxes onto targets. When you are right next to a box, you can push it by moving in "
+            "the same direction. You cannot push a box through a wall, and you cannot pull a box. "
+            "The symbols are: # wall, _ empty floor, O target, X box, √ box on target, P player, "
+            "S player on a target. Your available actions are Up, Down, Left, Right."
+        )
+
+
+SOKOBAN = Sokoban()

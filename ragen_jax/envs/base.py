@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 Info = dict[str, jax.Array]
@@ -39,6 +38,10 @@ class Environment:
 
     def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any):
         raise NotImplementedError
+
+    def reset_batch(self, keys: jax.Array, params: Any) -> Any:
+        """A batch of fresh episodes, one per key (environments may do better than vmap)."""
+        return jax.vmap(self.reset, in_axes=(0, None))(keys, params)
 
     def symbol_grid(self, state: Any, params: Any) -> jax.Array:
         raise NotImplementedError

@@ -47,6 +47,8 @@ FLOOR_MASKS = np.array(
     ],
     dtype=np.int32,
 )
+# Each mask as a 9-bit number, bit 3 * row + col set where the mask has floor.
+FLOOR_MASK_BITS = (FLOOR_MASKS.reshape(len(FLOOR_MASKS), 9) << np.arange(9)).sum(1).astype(np.int32)
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
@@ -138,32 +140,36 @@ class SokobanState:
 
 
 def room_topology(key: jax.Array, params: SokobanParams) -> jax.Array:
-    """gym-sokoban's random-walk room: int32[R, C] with 1 = floor, 0 = wall."""
+    """gym-sokoban's random-walk room: int32[R, C] with 1 = floor, 0 = wall.
+
+    All random draws are made up front; only the clipped walk itself is a (tiny) scan, and
+    the 3×3 masks are stamped by comparing every cell with every step's centre.
+    """
     rows, cols = params.dim_room
-    k_dir, k_row, k_col, k_walk = jax.random.split(key, 4)
-    directions = jnp.asarray(WALK_DIRECTIONS)
-    masks = jnp.asarray(FLOOR_MASKS)
-    direction = directions[jax.random.randint(k_dir, (), 0, 4)]
+    steps = params.gen_steps
+    k_dir, k_row, k_col, k_change, k_new_dir, k_mask = jax.random.split(key, 6)
+    # The walk's direction: a new random one at each step where it changes (p = 0.35).
+    changes = jax.random.uniform(k_change, (steps,)) < params.p_change_direction
+    new_dirs = jax.random.randint(k_new_dir, (steps,), 0, 4)
+    last_change = jax.lax.cummax(jnp.where(changes, jnp.arange(steps), -1))
+    dir_ids = jnp.where(last_change >= 0, new_dirs[jnp.maximum(last_change, 0)], jax.random.randint(k_dir, (), 0, 4))
+    moves = jnp.asarray(WALK_DIRECTIONS)[dir_ids]
     # gym-sokoban starts anywhere in [1, dim-1] and clamps to [1, dim-2] after each move.
     position = jnp.stack([jax.random.randint(k_row, (), 1, rows), jax.random.randint(k_col, (), 1, cols)])
     low, high = jnp.array([1, 1]), jnp.array([rows - 2, cols - 2])
 
-    def walk_step(carry, step_key):
-        position, direction = carry
-        k_change, k_new_dir, k_mask = jax.random.split(step_key, 3)
-        change = jax.random.uniform(k_change) < params.p_change_direction
-        direction = jnp.where(change, directions[jax.random.randint(k_new_dir, (), 0, 4)], direction)
-        position = jnp.clip(position + direction, low, high)
-        return (position, direction), (position, jax.random.randint(k_mask, (), 0, len(FLOOR_MASKS)))
+    def walk(position, move):
+        position = jnp.clip(position + move, low, high)
+        return position, position
 
-    step_keys = jax.random.split(k_walk, params.gen_steps)
-    _, (centres, mask_ids) = jax.lax.scan(walk_step, (position, direction), step_keys)
-    # Stamp every step's 3x3 mask at once: one scatter-add instead of a loop of slices.
-    offsets = jnp.stack(jnp.meshgrid(jnp.arange(-1, 2), jnp.arange(-1, 2), indexing="ij"), -1).reshape(9, 2)
-    cells = (centres[:, None, :] + offsets[None]).reshape(-1, 2)
-    level = jnp.zeros((rows, cols), jnp.int32).at[cells[:, 0], cells[:, 1]].add(masks[mask_ids].reshape(-1))
+    _, centres = jax.lax.scan(walk, position, moves)
+    mask_bits = jnp.asarray(FLOOR_MASK_BITS)[jax.random.randint(k_mask, (steps,), 0, len(FLOOR_MASKS))]
+    d_row = jnp.arange(rows)[None, :, None] - centres[:, 0, None, None]
+    d_col = jnp.arange(cols)[None, None, :] - centres[:, 1, None, None]
+    bit = jnp.clip((d_row + 1) * 3 + (d_col + 1), 0, 8)
+    stamped = (jnp.abs(d_row) <= 1) & (jnp.abs(d_col) <= 1) & ((mask_bits[:, None, None] >> bit) & 1 == 1)
     interior = jnp.zeros((rows, cols), bool).at[1:-1, 1:-1].set(True)
-    return ((level > 0) & interior).astype(jnp.int32)
+    return (stamped.any(0) & interior).astype(jnp.int32)
 
 
 def place_player_and_targets(key: jax.Array, floor: jax.Array, num_boxes: int):
@@ -217,12 +223,13 @@ def reverse_play(key, walls, targets, player, params: SokobanParams):
     pulls_flag = jnp.tile(jnp.array([False, True]), 4)
 
     def state_key(player, boxes):
-        cells = jnp.concatenate([player[None], boxes]) @ jnp.array([cols, 1])
-        return (cells * (rows * cols) ** jnp.arange(cells.shape[0])).sum()
+        cells = jnp.concatenate([player[None], boxes])
+        cells = cells[:, 0] * cols + cells[:, 1]
+        return (cells * jnp.asarray((rows * cols) ** np.arange(cells.shape[0]), jnp.int32)).sum()
 
-    def expand(carry, step_key):
+    def expand(carry, xs):
         players, boxes, pulls, alive, best = carry
-        step_key, tie_key = jax.random.split(step_key)
+        noise, swap_draw = xs
         move = jax.vmap(jax.vmap(_reverse_move, (None, None, None, 0, 0, None)), (0, 0, 0, None, None, None))
         c_players, c_boxes, c_pulls = move(players, boxes, pulls, deltas, pulls_flag, walls)
         c_players = c_players.reshape(-1, 2)
@@ -231,7 +238,7 @@ def reverse_play(key, walls, targets, player, params: SokobanParams):
         c_alive = jnp.repeat(alive, 8)
         score = jax.vmap(_score, (0, 0, 0, None))(c_players, c_boxes, c_pulls, targets)
         raw = c_pulls * jnp.abs(c_boxes - targets).sum((1, 2))
-        rank = score * 1024.0 + raw + jax.random.uniform(step_key, score.shape)
+        rank = score * 1024.0 + raw + noise
         rank = jnp.where(c_alive, rank, -1.0)
         # Keep one copy of each distinct state, the best-ranked one: candidates are hashed
         # into slots and only each slot's best survives (a rare collision merely drops one).
@@ -242,11 +249,10 @@ def reverse_play(key, walls, targets, player, params: SokobanParams):
 
         # The best state so far; a state scoring the same as the best replaces it with
         # probability `tie_swap` (variety without drifting to the deepest ties).
-        k_pick, k_swap = jax.random.split(tie_key)
-        tie_break = jnp.where(c_alive, score + 0.5 * jax.random.uniform(k_pick, score.shape), -1.0)
+        tie_break = jnp.where(c_alive, score + 0.5 * noise, -1.0)
         cand = jnp.argmax(tie_break)
         best_score, best_player, best_boxes = best
-        swap = (score[cand] == best_score) & jax.random.bernoulli(k_swap, params.tie_swap)
+        swap = (score[cand] == best_score) & (swap_draw < params.tie_swap)
         better = (score[cand] > best_score) | swap
         best = (
             jnp.where(better, score[cand], best_score),
@@ -260,7 +266,11 @@ def reverse_play(key, walls, targets, player, params: SokobanParams):
     alive = jnp.zeros(width, bool).at[0].set(True)
     best = (jnp.int32(0), player, targets)
     carry = (players, boxes, jnp.zeros(width, jnp.int32), alive, best)
-    (_, _, _, _, best), _ = jax.lax.scan(expand, carry, jax.random.split(key, params.search_steps))
+    # All the search's random draws at once: noise to rank candidates, and tie-swap coins.
+    k_noise, k_swap = jax.random.split(key)
+    noise = jax.random.uniform(k_noise, (params.search_steps, 8 * width))
+    swap_draws = jax.random.uniform(k_swap, (params.search_steps,))
+    (_, _, _, _, best), _ = jax.lax.scan(expand, carry, (noise, swap_draws))
     return best
 
 
@@ -304,8 +314,9 @@ def generate_levels(keys: jax.Array, params: SokobanParams):
 
     Under `vmap`, a while-loop runs every lane until the slowest finishes, so a 12% failure
     rate per try would regenerate the whole batch three or four times. Here the failed
-    levels are gathered into a quarter-size batch and retried there, lane by lane with the
+    levels are gathered into an eighth-size batch and retried there, lane by lane with the
     same `fold_in(key, try)` schedule, so the result equals `vmap(generate_level)` exactly.
+    (One retry stage, not several sizes: each stage is another compiled copy of the generator.)
     (Levels that fail every one of `max_tries` tries keep their last, score-0 try.)
     """
     batch = keys.shape[0]
@@ -324,12 +335,9 @@ def generate_levels(keys: jax.Array, params: SokobanParams):
         levels = jax.tree.map(lambda old, new: old.at[lanes].set(new, mode="drop"), levels, fresh)
         return levels, tries.at[lanes].add(1, mode="drop")
 
-    # One pass over a quarter-size batch takes most failures; the stragglers loop in a small one.
-    levels, tries = jax.lax.cond(
-        pending(levels, tries).any(), lambda c: retry(c, max(1, batch // 4)), lambda c: c, (levels, tries)
-    )
-    small = max(1, min(batch, 16))
-    levels, _ = jax.lax.while_loop(lambda c: pending(*c).any(), lambda c: retry(c, small), (levels, tries))
+    # The failed levels (about 12%) are retried in batches of an eighth: usually two rounds.
+    size = max(1, min(batch, max(16, batch // 8)))
+    levels, _ = jax.lax.while_loop(lambda c: pending(*c).any(), lambda c: retry(c, size), (levels, tries))
     return levels[:3]
 
 
@@ -401,45 +409,45 @@ class Sokoban(Environment):
 
         box_ahead = (cell_ahead == BOX) | (cell_ahead == BOX_ON_TARGET)
         free_beyond = (cell_beyond == FLOOR) | (cell_beyond == TARGET)
-        push = valid & box_ahead & free_beyond & beyond_inside
-        walk = valid & ((cell_ahead == FLOOR) | (cell_ahead == TARGET))
+        # A finished episode stays as it is: nothing moves, nothing is counted.
+        finished = state.done
+        active = valid & ~finished
+        push = active & box_ahead & free_beyond & beyond_inside
+        walk = active & ((cell_ahead == FLOOR) | (cell_ahead == TARGET))
         moved = push | walk
 
         moved_room = room.at[here[0], here[1]].set(room_fixed[here[0], here[1]])
         moved_room = moved_room.at[ahead[0], ahead[1]].set(PLAYER)
-        box_code = jnp.where(room_fixed[beyond[0], beyond[1]] == TARGET, BOX_ON_TARGET, BOX)
-        pushed_room = moved_room.at[beyond[0], beyond[1]].set(box_code)
+        onto_target = room_fixed[beyond[0], beyond[1]] == TARGET
+        pushed_room = moved_room.at[beyond[0], beyond[1]].set(jnp.where(onto_target, BOX_ON_TARGET, BOX))
         new_room = jnp.where(push, pushed_room, jnp.where(moved, moved_room, room))
         player = jnp.where(moved, ahead, here)
 
-        empty_targets = _count_empty_targets(room_fixed, new_room)
-        on_target = params.num_boxes - empty_targets
-        success = empty_targets == 0
+        # Only a push changes which boxes sit on targets: the box leaves `ahead`, lands `beyond`.
+        off_target = room_fixed[ahead[0], ahead[1]] == TARGET
+        on_target = state.boxes_on_target + (push & onto_target) - (push & off_target)
+        success = on_target == params.num_boxes
         reward = (
             STEP_PENALTY
             + jnp.where(on_target > state.boxes_on_target, BOX_ON_TARGET_REWARD, 0.0)
             + jnp.where(on_target < state.boxes_on_target, BOX_OFF_TARGET_PENALTY, 0.0)
             + jnp.where(success, FINISHED_REWARD, 0.0)
-        ).astype(jnp.float32)
-        step_count = state.step_count + 1
-        done = success | (step_count >= params.max_steps)
-
-        stepped = SokobanState(
+        )
+        step_count = state.step_count + (~finished)
+        done = finished | success | (step_count >= params.max_steps)
+        new_state = SokobanState(
             room_fixed=room_fixed,
             room_state=new_room,
             player=player,
             boxes_on_target=on_target.astype(jnp.int32),
-            step_count=step_count,
+            step_count=step_count.astype(jnp.int32),
             done=done,
-            success=success,
+            success=jnp.where(finished, state.success, success),
         )
-        # A finished episode stays as it is.
-        finished = state.done
-        new_state = jax.tree.map(lambda old, new: jnp.where(finished, old, new), state, stepped)
         info: Info = {
             "success": new_state.success,
             "action_is_valid": valid,
-            "action_is_effective": moved & ~finished,
+            "action_is_effective": moved,
             "truncated": new_state.done & ~new_state.success,
         }
         return new_state, jnp.where(finished, 0.0, reward).astype(jnp.float32), new_state.done, info

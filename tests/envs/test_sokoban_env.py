@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragen_jax.envs.autoreset import make_auto_reset_step
 from ragen_jax.envs.sokoban import SIMPLE_SOKOBAN, SOKOBAN, SokobanParams
 
 # A hand-made level: player left of a box, target right of it, a second target covered.
@@ -102,26 +101,6 @@ def test_blocked_and_invalid_actions_cost_a_step_and_truncate(step):
 def test_impossible_parameters_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SokobanParams(**kwargs)
-
-
-def test_jit_vmap_1024_envs_and_auto_reset():
-    params = SIMPLE_SOKOBAN.replace(max_steps=5)
-    keys = jax.random.split(jax.random.key(0), 1024)
-    states = jax.jit(SOKOBAN.reset_batch, static_argnums=1)(keys, params)
-    auto_step = jax.jit(make_auto_reset_step(SOKOBAN, params, resets_per_step=1024))
-    first_levels = np.asarray(states.room_state)
-    ever_done = np.zeros(1024, bool)
-    for t in range(5):
-        actions = jax.random.randint(jax.random.key(100 + t), (1024,), 1, 5)
-        states, rewards, dones, infos = auto_step(jax.random.key(t), states, actions)
-        assert rewards.shape == (1024,)
-        ever_done |= np.asarray(dones)
-        # Every finished episode was replaced by a fresh level at once.
-        assert not bool(states.done.any())
-    assert ever_done.all(), "every episode ended by max_steps=5"
-    assert int(states.step_count.max()) < 5
-    changed = (np.asarray(states.room_fixed) != 0) & (first_levels == 0)
-    assert changed.any(axis=(1, 2)).mean() > 0.9, "new levels, not the old ones"
 
 
 @settings(max_examples=25, deadline=None)

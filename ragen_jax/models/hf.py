@@ -1,0 +1,271 @@
+"""Hugging Face checkpoint I/O: config.json + safetensors <-> `Qwen2`, and tokenizers.
+
+Loading builds the abstract model with `nnx.eval_shape` and places each weight directly with
+its sharding: every device shard is read from the safetensors file on its own, so no full
+second copy of the model is ever held (one tensor at most, when a weight is replicated).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors.numpy import save_file
+
+from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, fit_spec
+
+ARCHITECTURE = "Qwen2ForCausalLM"
+BUILTIN_TOKENIZER = str(Path(__file__).resolve().parent.parent / "text" / "assets")
+_INDEX = "model.safetensors.index.json"
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen2Config:
+    """Our config from a Hugging Face Qwen2 config.json dict (transformers 4 or 5 layout)."""
+    archs = hf.get("architectures") or []
+    if ARCHITECTURE not in archs and not (not archs and hf.get("model_type") == "qwen2"):
+        name = ", ".join(archs) or hf.get("model_type") or "unknown"
+        raise ValueError(f"{source}: architecture {name} is not supported; only {ARCHITECTURE}")
+    if hf.get("use_sliding_window"):
+        raise ValueError(f"{source}: use_sliding_window=true is not supported")
+    # transformers 5 keeps theta and scaling in rope_parameters; 4.x used rope_theta/rope_scaling.
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    eos = hf.get("eos_token_id")
+    eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+    fields = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or 0, rope_theta=float(theta), rope_type=rope_type,
+        rope_scaling=tuple(sorted(rope.items())), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        bos_token_id=hf.get("bos_token_id"), eos_token_ids=eos, pad_token_id=hf.get("pad_token_id"),
+        initializer_range=hf.get("initializer_range", 0.02),
+    )
+    fields.update(overrides)
+    return Qwen2Config(**fields)
+
+
+def config_to_hf(cfg: Qwen2Config, dtype: str) -> dict:
+    """config.json contents that transformers 5 (and 4.x, via rope_theta) read as Qwen2."""
+    eos = list(cfg.eos_token_ids)
+    return {
+        "architectures": [ARCHITECTURE], "model_type": "qwen2", "dtype": dtype,
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta,
+                            **dict(cfg.rope_scaling)},
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "use_sliding_window": False,
+        "attention_dropout": 0.0, "initializer_range": cfg.initializer_range, "use_cache": True,
+        "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+    }
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def hf_name(path: tuple) -> tuple[str, bool]:
+    """Hugging Face tensor name of one of our parameter paths, and whether to transpose.
+
+    Our names mirror transformers' module tree; only kernels differ ([in, out] vs [out, in]).
+    """
+    parts = [str(p) for p in path]
+    if parts == ["lm_head"]:
+        return "lm_head.weight", False
+    leaf = parts[-1]
+    if leaf == "kernel":
+        return "model." + ".".join(parts[:-1]) + ".weight", True
+    if parts == ["embed_tokens"]:
+        return "model.embed_tokens.weight", False
+    return "model." + ".".join(parts), False  # norms' weight, projections' bias
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json")
+    return json.loads(cfg_file.read_text())
+
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}
+
+
+class SafetensorsFile:
+    """Memory-mapped safetensors reader. numpy's safetensors backend cannot read bfloat16,
+    and a memory map lets each device shard be read without loading the whole tensor."""
+
+    def __init__(self, file: Path):
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        self.file, self.header, self.start = file, header, 8 + n
+        self.data = np.memmap(file, dtype=np.uint8, mode="r")
+
+    def keys(self):
+        return self.header.keys()
+
+    def array(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        if info["dtype"] not in _ST_DTYPES:
+            raise ValueError(f"{self.file}: tensor {name} has unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        raw = self.data[self.start + begin:self.start + end]
+        return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from the index json when the checkpoint is sharded."""
+    index = path / _INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights (nor {_INDEX})")
+    names = {}
+    for file in files:
+        names.update({name: file for name in SafetensorsFile(file).keys()})
+    return names
+
+
+def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
+                    dtype: str | None = None, param_dtype: str | None = None,
+                    remat: bool = False) -> Qwen2:
+    """A `Qwen2` from a local Hugging Face directory (config.json + safetensors).
+
+    With a mesh every weight is created directly with its sharding (each device reads only
+    its shard); without one it goes to the default device. dtype / param_dtype override the
+    compute and storage dtypes (default float32).
+    """
+    path = Path(path)
+    overrides = {"remat": remat}
+    if dtype:
+        overrides["dtype"] = dtype
+    if param_dtype:
+        overrides["param_dtype"] = param_dtype
+    cfg = config_from_hf(_read_config(path), str(path / "config.json"), **overrides)
+    files = _weight_files(path)
+    abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    specs = nnx.to_flat_state(nnx.get_partition_spec(state))
+    loaded, readers = [], {}
+    for (p, var), (_, spec) in zip(nnx.to_flat_state(state), specs):
+        name, transpose = hf_name(p)
+        want = tuple(var.shape)
+        want_hf = want[::-1] if transpose else want
+        if name not in files:
+            raise ValueError(f"{path}: checkpoint has no tensor {name} (expected shape {want_hf})")
+        file = files[name]
+        if file not in readers:
+            if not file.is_file():
+                raise FileNotFoundError(f"{file} (listed in {_INDEX}) does not exist")
+            readers[file] = SafetensorsFile(file)
+        if name not in readers[file].keys():
+            raise ValueError(f"{file}: has no tensor {name} (expected shape {want_hf})")
+        tensor = readers[file].array(name)
+        if tensor.shape != want_hf:
+            raise ValueError(f"{path}: tensor {name} has shape {tensor.shape}, expected {want_hf}")
+        value = _place(tensor, want, transpose, var.dtype, spec.get_value(), mesh)
+        loaded.append((p, var.replace(value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+
+
+def _place(tensor, shape, transpose, dtype, spec, mesh):
+    """Read one tensor (or only each device's shard of it) and put it on device(s)."""
+
+    def read(index):
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        src = index[::-1] if transpose else index
+        block = tensor[src]
+        return np.ascontiguousarray(block.T if transpose else block).astype(dtype)
+
+    if mesh is None:
+        return jax.device_put(read(()))
+    sharding = jax.sharding.NamedSharding(mesh, fit_spec(shape, spec, mesh))
+    return jax.make_array_from_callback(shape, sharding, read)
+
+
+def load_tokenizer(path: str | os.PathLike = BUILTIN_TOKENIZER):
+    """transformers' AutoTokenizer for a local directory (chat template included).
+
+    The default is the project's built-in byte-level BPE tokenizer (ragen_jax/text/assets).
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory not found: {path}")
+    if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
+        raise FileNotFoundError(f"{path} has no tokenizer.json")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None = None,
+                    max_shard_bytes: int = 5 * 2**30, tokenizer=None) -> None:
+    """Write config.json + safetensors (sharded with an index past max_shard_bytes) that
+    `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the
+    host one file's worth at a time."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    dtype = jnp.dtype(dtype or cfg.param_dtype)
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, str(dtype)), indent=2))
+    groups, current, size = [], {}, 0
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name, transpose = hf_name(p)
+        nbytes = int(np.prod(var.shape)) * dtype.itemsize
+        if current and size + nbytes > max_shard_bytes:
+            groups.append(current)
+            current, size = {}, 0
+        current[name] = (var, transpose)
+        size += nbytes
+    groups.append(current)
+
+    def host(var, transpose):
+        array = np.asarray(jax.device_get(var[...])).astype(dtype)
+        return np.ascontiguousarray(array.T if transpose else array)
+
+    if len(groups) == 1:
+        save_file({n: host(*vt) for n, vt in groups[0].items()}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+    else:
+        weight_map, total = {}, 0
+        for i, group in enumerate(groups):
+            file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            tensors = {n: host(*vt) for n, vt in group.items()}
+            total += sum(t.nbytes for t in tensors.values())
+            save_file(tensors, str(path / file), metadata={"format": "pt"})
+            weight_map.update({n: file for n in group})
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / _INDEX).write_text(json.dumps(index, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+

@@ -1,0 +1,421 @@
+"""Qwen2 decoder in Flax NNX, numerically matching Hugging Face `Qwen2ForCausalLM`.
+
+The model works on a fixed token buffer with *holes* (DESIGN decision 1): every call takes
+token ids, per-token RoPE positions and a validity mask. A query slot attends to every valid
+key slot at or before it, so masked slots in the middle of a sequence are invisible and the
+model sees exactly the contiguous text. The same rule drives the KV cache: a chunk written at
+offset `t` attends to the valid cache slots `<= t + i`.
+
+Weights are stored in `param_dtype` and cast to the compute `dtype` at use. Every parameter
+carries a partition spec over the mesh axes `fsdp` and `tensor` (`nnx.get_partition_spec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+FSDP, TENSOR = "fsdp", "tensor"
+_NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config:
+    """Shapes and numerics of a Qwen2 decoder. Frozen, so it can be a static jit argument."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 means hidden_size // num_heads
+    rope_theta: float = 1_000_000.0
+    rope_type: str = "default"  # "default" | "linear" | "yarn"
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # the other rope_parameters entries
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    dtype: str = "float32"  # compute dtype ("bfloat16" on TPU/GPU)
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each block in the backward pass
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.rope_type not in ("default", "linear", "yarn"):
+            raise ValueError(
+                f"rope_type={self.rope_type!r} is not supported; allowed: default, linear, yarn"
+            )
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "Qwen2Config":
+        """A named configuration; keyword overrides replace fields (e.g. dtype="bfloat16")."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def num_params(self) -> int:
+        d, h, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = d * h + h + 2 * (d * kv + kv) + h * d
+        per_layer = attn + 3 * d * self.intermediate_size + 2 * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+
+_QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+               bos_token_id=151643, eos_token_ids=(151645, 151643), pad_token_id=151643)
+PRESETS: dict[str, Qwen2Config] = {
+    # Real shapes (weights come from a checkpoint through hf.load_pretrained).
+    "qwen2.5-0.5b": Qwen2Config(hidden_size=896, intermediate_size=4864, num_layers=24,
+                                num_heads=14, num_kv_heads=2, **_QWEN25),
+    "qwen2.5-1.5b": Qwen2Config(hidden_size=1536, intermediate_size=8960, num_layers=28,
+                                num_heads=12, num_kv_heads=2, **_QWEN25),
+    "qwen2.5-3b": Qwen2Config(hidden_size=2048, intermediate_size=11008, num_layers=36,
+                              num_heads=16, num_kv_heads=2, **_QWEN25),
+    "qwen2.5-7b": Qwen2Config(**{**_QWEN25, "vocab_size": 152064}, hidden_size=3584,
+                              intermediate_size=18944, num_layers=28, num_heads=28,
+                              num_kv_heads=4, tie_word_embeddings=False),
+    # CPU-sized models over the built-in 1024-token tokenizer (ids: 0 <|endoftext|>,
+    # 1 <|im_start|>, 2 <|im_end|>). Head dims of 32/64: XLA's CPU matmuls are several times
+    # slower per FLOP at head_dim 16.
+    "tiny": Qwen2Config(vocab_size=1024, hidden_size=96, intermediate_size=384, num_layers=3,
+                        num_heads=3, num_kv_heads=1, rope_theta=10_000.0, max_position_embeddings=4096,
+                        eos_token_ids=(2, 0), pad_token_id=0),
+    "small": Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_layers=4,
+                         num_heads=4, num_kv_heads=2, rope_theta=10_000.0, max_position_embeddings=4096,
+                         eos_token_ids=(2, 0), pad_token_id=0),
+}
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_frequencies(cfg: Qwen2Config) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim/2] and the cos/sin scale, as transformers computes them."""
+    dim, base = cfg.head_dim, cfg.rope_theta
+    extra = dict(cfg.rope_scaling)
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    inv_freq = inv_freq.astype(np.float32)
+    if cfg.rope_type == "default":
+        return inv_freq, 1.0
+    factor = float(extra["factor"]) if extra.get("factor") is not None else None
+    if cfg.rope_type == "linear":
+        return (inv_freq / np.float32(factor)).astype(np.float32), 1.0
+    # yarn: blend interpolated and extrapolated frequencies with a linear ramp.
+    orig = extra.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    if factor is None:
+        factor = cfg.max_position_embeddings / orig
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = extra.get("attention_factor")
+    if attn is None:
+        m, m_all = extra.get("mscale"), extra.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+    beta_fast, beta_slow = extra.get("beta_fast") or 32, extra.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if extra.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1.0 - ramp
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv.astype(np.float32), float(attn)
+
+
+def rope_tables(cfg: Qwen2Config, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, head_dim] in f32 for integer positions [B, T]."""
+    inv_freq, scale = rope_frequencies(cfg)
+    freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * scale, jnp.sin(emb) * scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE on x [B, T, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+
+@struct.dataclass
+class KVCache:
+    """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S]."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[3]
+
+
+def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None) -> KVCache:
+    """An empty cache of `length` slots (every slot invalid)."""
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool))
+
+
+def positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Array:
+    """RoPE positions that count only valid tokens: start + (#valid tokens before this slot)."""
+    start = jnp.asarray(start, jnp.int32)
+    if start.ndim == 1:
+        start = start[:, None]
+    return start + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def _param(rngs: nnx.Rngs | None, shape, cfg: Qwen2Config, spec, init: str = "normal") -> nnx.Param:
+    dtype = jnp.dtype(cfg.param_dtype)
+    if init == "normal":
+        value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        value = jnp.zeros(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), out_sharding=spec, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (cfg.hidden_size,), cfg, (None,), "ones")
+        self.eps = cfg.rms_norm_eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * x32.astype(x.dtype)
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel (+ bias); kernel stored [in, out] (the transpose of Hugging Face's)."""
+
+    def __init__(self, cfg, rngs, d_in, d_out, spec, bias=False):
+        self.kernel = _param(rngs, (d_in, d_out), cfg, spec)
+        self.bias = _param(rngs, (d_out,), cfg, (spec[1],), "zeros") if bias else None
+
+    def __call__(self, x):
+        y = x @ self.kernel[...].astype(x.dtype)
+        return y if self.bias is None else y + self.bias[...].astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = Linear(cfg, rngs, d, cfg.num_heads * hd, (FSDP, TENSOR), bias=True)
+        self.k_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
+        self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
+        self.o_proj = Linear(cfg, rngs, cfg.num_heads * hd, d, (TENSOR, FSDP))
+
+    def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset):
+        cfg = self.cfg
+        b, t, _ = x.shape
+        kvh, groups, hd = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+        q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
+        # keys/values as [B, kv_heads, T, head_dim], the cache layout
+        k = apply_rope(self.k_proj(x).reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
+        if cache is not None:  # write this chunk at `offset`, then attend over the whole buffer
+            at = (layer, 0, 0, offset, 0)
+            cache = cache.replace(
+                k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), at),
+                v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), at),
+            )
+            # With a static offset, slots past the chunk are causally masked: skip them.
+            end = offset + t if isinstance(offset, int) else cache.length
+            k, v = cache.k[layer, :, :, :end].astype(x.dtype), cache.v[layer, :, :, :end].astype(x.dtype)
+        s = k.shape[2]
+        # Query head h uses kv head h // groups (transformers' repeat_kv order). Groups and
+        # time are merged into one matmul dimension: a plain batched matmul over (B, kv_head)
+        # is several times faster on CPU than a 5-d einsum.
+        q = q.reshape(b, t, kvh, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, groups * t, hd)
+        scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+        scores = scores.reshape(b, kvh, groups, t, s) * (hd ** -0.5)
+        scores = jnp.where(attn_mask[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype).reshape(b, kvh, groups * t, s)
+        out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(b, kvh, groups, t, hd)
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * hd)
+        return self.o_proj(out), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
+        self.up_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
+        self.down_proj = Linear(cfg, rngs, i, d, (TENSOR, FSDP))
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(cfg, rngs)
+        self.self_attn = Attention(cfg, rngs)
+        self.post_attention_layernorm = RMSNorm(cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, h, cos, sin, attn_mask, cache, layer, offset):
+        attn, cache = self.self_attn(self.input_layernorm(h), cos, sin, attn_mask, cache, layer, offset)
+        h = h + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), cache
+
+
+class Qwen2(nnx.Module):
+    """Decoder + LM head. `__call__` returns final-normed hidden states; `logits` projects them."""
+
+    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP))
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg, rngs)
+        # Stored [vocab, hidden] like the embedding, so tied and untied heads share code.
+        self.lm_head = (None if cfg.tie_word_embeddings else
+                        _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+                 cache: KVCache | None = None, offset: jax.Array | int = 0):
+        """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
+        themselves; with a cache the chunk is written at slot `offset` and attends to the
+        cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache)."""
+        cfg = self.cfg
+        dtype = jnp.dtype(cfg.dtype)
+        mask = mask.astype(bool)
+        h = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dtype)
+        cos, sin = rope_tables(cfg, positions)
+        t = tokens.shape[1]
+        if cache is None:
+            key_valid, key_slot = mask, jnp.arange(t)
+        else:
+            cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (0, offset)))
+            end = offset + t if isinstance(offset, int) else cache.length
+            key_valid, key_slot = cache.mask[:, :end], jnp.arange(end)
+        query_slot = offset + jnp.arange(t)
+        attn_mask = (key_slot[None, :] <= query_slot[:, None])[None] & key_valid[:, None, :]
+
+        def run(block, h, cache, layer):
+            return block(h, cos, sin, attn_mask, cache, layer, offset)
+
+        for layer, block in enumerate(self.layers):
+            if cfg.remat:
+                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer)
+            else:
+                h, cache = run(block, h, cache, layer)
+        return self.norm(h), cache
+
+    def head_weight(self) -> jax.Array:
+        return (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """f32 logits for hidden [..., hidden_size]. Only call on the positions you need."""
+        w = self.head_weight().astype(hidden.dtype)
+        return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:
+    """A randomly initialised model (normal(0, initializer_range) weights, unit norms)."""
+    return Qwen2(cfg, rngs=nnx.Rngs(params=key))
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
+                   chunk_size: int = 128, with_entropy: bool = False):
+    """log p(targets[b, i] | hidden[b, i]) for hidden [B, N, d], in chunks of N.
+
+    Only [B, chunk_size, vocab] logits exist at a time, and each chunk is rematerialised in
+    the backward pass, so a 152K vocabulary never yields a [B, T, vocab] tensor.
+    Returns logprobs [B, N] (f32), plus the full-distribution entropy [B, N] if asked.
+    """
+    b, n, d = hidden.shape
+    chunk = min(chunk_size, n)
+    pad = (-n) % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    num = (n + pad) // chunk
+    hs = hidden.reshape(b, num, chunk, d).swapaxes(0, 1)
+    ts = targets.reshape(b, num, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        h, tgt = args
+        logp = jax.nn.log_softmax(model.logits(h), axis=-1)
+        picked = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+        return picked, entropy
+
+    picked, entropy = jax.lax.map(one, (hs, ts))
+    picked = picked.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    entropy = entropy.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    return (picked, entropy) if with_entropy else picked
+
+
+def logprobs_at(model: Qwen2, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+                query_idx: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
+                with_entropy: bool = False):
+    """Full forward over [B, T], then log-probs of `targets` [B, N] predicted at slots
+    `query_idx` [B, N] (the slot holding the token *before* each target)."""
+    hidden, _ = model(tokens, positions, mask)
+    picked = jnp.take_along_axis(hidden, query_idx[..., None], axis=1)
+    return token_logprobs(model, picked, targets, chunk_size=chunk_size, with_entropy=with_entropy)
+
+
+# ----------------------------------------------------------------------------- sharding
+
+
+def fit_spec(shape, spec, mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec:
+    """Drop mesh axes that the mesh lacks or that do not divide the dimension (replicate it)."""
+    out = []
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        size = mesh.shape.get(axis, 0) if axis is not None else 0
+        out.append(axis if size and dim % size == 0 else None)
+    return jax.sharding.PartitionSpec(*out)
+
+
+def param_shardings(model: Qwen2, mesh: jax.sharding.Mesh):
+    """NamedSharding for every parameter, from its partition spec fitted to the mesh."""
+    state = nnx.state(model)
+    specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda x, s: jax.sharding.NamedSharding(mesh, fit_spec(x.shape, s, mesh)),
+                        state, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def shard_model(model: Qwen2, mesh: jax.sharding.Mesh) -> Qwen2:
+    """Place an existing model's parameters on a mesh (in place) and return it."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, param_shardings(model, mesh)))
+    return model

@@ -1,0 +1,220 @@
+"""KV-cache sampling with static shapes: prefill a chunk, decode n steps, generate.
+
+Everything works on a preallocated `KVCache` whose slots may hold holes (DESIGN decision 1).
+Each call writes at a given slot offset, so the rollout can interleave "prefill the
+observation at t" and "decode the answer from t'" on one cache, inside one jitted step.
+RoPE positions come from the cache: a new token's position is the number of valid slots
+before it, so holes never shift the text the model sees.
+
+`prefill` and `decode` are traceable functions (call them inside your own jit);
+`prefill_jit`, `decode_jit` and `generate` are jitted wrappers that donate the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off.
+    Static under jit (one compile per setting)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0")
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@struct.dataclass
+class DecodeOutput:
+    """tokens [B, n] (pad after a sequence stops), logprobs [B, n] (0 after the stop),
+    lengths [B] (generated tokens, stop token included), done [B], logits [B, V] after the
+    last written token (feed them to the next `decode`)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    logits: jax.Array
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Temperature, then top-k, then top-p (transformers' order); removed entries -> -inf."""
+    logits = logits.astype(jnp.float32) / max(params.temperature, 1e-6)
+    if params.top_k:
+        kth = jax.lax.top_k(logits, min(params.top_k, logits.shape[-1]))[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if params.top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
+        keep_sorted = before < params.top_p  # the top token is always kept
+        keep = jnp.zeros_like(keep_sorted).at[
+            jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+        logits = jnp.where(keep, logits, -jnp.inf)
+    return logits
+
+
+def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits) [B, V] by inverting the CDF with a single
+    uniform per row. jax.random.categorical draws a Gumbel variate per vocabulary entry,
+    which dominates a decode step on CPU for small models; -inf entries are never drawn."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    cdf = jnp.cumsum(probs, axis=-1)
+    u = jax.random.uniform(key, logits.shape[:-1], jnp.float32) * cdf[..., -1]
+    token = jnp.sum(cdf <= u[..., None], axis=-1)
+    return jnp.minimum(token, logits.shape[-1] - 1)
+
+
+def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
+    """Next tokens [B] and their log-probs [B] under the temperature-scaled model
+    distribution (log_softmax(logits / T), before top-k/top-p truncation; T=1 when greedy),
+    i.e. what a training forward at the same temperature recomputes."""
+    logits = logits.astype(jnp.float32)
+    if params.temperature == 0.0:
+        token = jnp.argmax(logits, axis=-1)
+        logp_all = jax.nn.log_softmax(logits, axis=-1)
+    else:
+        token = categorical(key, filter_logits(logits, params))
+        logp_all = jax.nn.log_softmax(logits / params.temperature, axis=-1)
+    token = token.astype(jnp.int32)
+    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+
+
+def stop_on_suffix(sequences: list[list[int]]) -> Callable:
+    """A stop condition: the generated tokens end with one of `sequences` (e.g. the token ids
+    of `</answer>` in the contexts it can appear in)."""
+    sequences = [tuple(int(t) for t in s) for s in sequences if len(s)]
+    if not sequences:
+        raise ValueError("stop_on_suffix needs at least one non-empty token sequence")
+
+    def stop(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+        hit = jnp.zeros(lengths.shape, bool)
+        for seq in sequences:
+            idx = lengths[:, None] - len(seq) + jnp.arange(len(seq))[None]
+            got = jnp.take_along_axis(tokens, jnp.clip(idx, 0, tokens.shape[1] - 1), axis=1)
+            hit |= (lengths >= len(seq)) & jnp.all(got == jnp.asarray(seq)[None], axis=1)
+        return hit
+
+    return stop
+
+
+# ----------------------------------------------------------------------------- cache steps
+
+
+def _start_positions(cache: KVCache, offset) -> jax.Array:
+    """Number of valid cache slots before `offset`, per sequence."""
+    before = jnp.arange(cache.length)[None, :] < offset
+    return jnp.sum(cache.mask & before, axis=-1).astype(jnp.int32)
+
+
+def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, offset,
+            prev_logits: jax.Array | None = None):
+    """Write the chunk tokens/mask [B, C] at slot `offset`; return (cache, logits [B, V]) of
+    each sequence's last valid chunk token. Rows with no valid token in the chunk get
+    `prev_logits` (or the logits of slot 0, meaningless, when it is None)."""
+    mask = mask.astype(bool)
+    positions = positions_from_mask(mask, _start_positions(cache, offset))
+    hidden, cache = model(tokens, positions, mask, cache, offset)
+    c = tokens.shape[1]
+    last = c - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+    if prev_logits is not None:
+        logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)
+    return cache, logits
+
+
+def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Array, *,
+           num_steps: int, params: SamplingParams = SamplingParams(),
+           eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
+           done: jax.Array | None = None, pad_id: int = 0) -> tuple[KVCache, DecodeOutput]:
+    """Sample up to `num_steps` tokens into cache slots offset .. offset+num_steps-1.
+
+    `logits` [B, V] is the next-token distribution (from `prefill` or a previous decode).
+    A sequence stops after emitting an id in `eos_ids` or when `stop_fn(tokens, lengths)`
+    is true; later slots are written as holes. Rows with `done` set never start. The loop is
+    a while_loop that exits when every sequence has stopped.
+    """
+    b = logits.shape[0]
+    done = jnp.zeros((b,), bool) if done is None else done.astype(bool)
+    eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
+    out = DecodeOutput(tokens=jnp.full((b, num_steps), pad_id, jnp.int32),
+                       logprobs=jnp.zeros((b, num_steps), jnp.float32),
+                       lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits)
+
+    def cond(carry):
+        i, _, _, out = carry
+        return (i < num_steps) & ~jnp.all(out.done)
+
+    def body(carry):
+        i, cache, key, out = carry
+        key, sub = jax.random.split(key)
+        token, logp = sample_token(sub, out.logits, params)
+        active = ~out.done
+        token = jnp.where(active, token, pad_id)
+        tokens = out.tokens.at[:, i].set(token)
+        lengths = out.lengths + active
+        stopped = jnp.isin(token, eos)
+        if stop_fn is not None:
+            stopped |= stop_fn(tokens, lengths)
+        slot = offset + i
+        positions = _start_positions(cache, slot)[:, None]
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot)
+        out = DecodeOutput(tokens=tokens,
+                           logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
+                           lengths=lengths, done=out.done | (active & stopped),
+                           logits=model.logits(hidden[:, 0]))
+        return i + 1, cache, key, out
+
+    _, cache, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, key, out))
+    return cache, out
+
+
+prefill_jit = jax.jit(prefill, donate_argnames=("cache",))
+decode_jit = jax.jit(decode, donate_argnames=("cache",),
+                     static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id"))
+
+
+@struct.dataclass
+class GenerateOutput:
+    tokens: jax.Array  # [B, max_new_tokens], pad after each sequence's stop
+    logprobs: jax.Array  # [B, max_new_tokens]
+    lengths: jax.Array  # [B]
+
+
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "params", "eos_ids", "stop_fn",
+                                             "pad_id"))
+def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
+             max_new_tokens: int, params: SamplingParams = SamplingParams(),
+             eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
+             pad_id: int = 0) -> GenerateOutput:
+    """Sample continuations of prompts [B, P] (any padding side; masked slots are holes)."""
+    b, p = prompt.shape
+    cache = init_cache(model.cfg, b, p + max_new_tokens)
+    cache, logits = prefill(model, cache, prompt, prompt_mask, 0)
+    _, out = decode(model, cache, logits, p, key, num_steps=max_new_tokens, params=params,
+                    eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)
+    return GenerateOutput(out.tokens, out.logprobs, out.lengths)

@@ -29,6 +29,7 @@ class Environment:
     name: str = ""
     action_names: tuple[str, ...] = ()  # action k (1-based) is action_names[k - 1]
     symbols: tuple[str, ...] = ()  # symbol id -> the text drawn for that cell
+    render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this env offers
 
     def default_params(self) -> Any:
         raise NotImplementedError
@@ -65,9 +66,22 @@ class Environment:
         return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)
 
     def render_text(self, state: Any, params: Any, fmt: str = "grid") -> str:
-        if fmt != "grid":
-            raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: 'grid'")
-        return self.render_grid(state, params)
+        """The board as the agent reads it: `grid`, or `grid_coord` (coordinate lines, then grid)."""
+        if fmt not in self.render_formats:
+            raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: {self.render_formats}")
+        grid = self.render_grid(state, params)
+        if fmt == "grid":
+            return grid
+        return "\n".join(self.coordinate_lines(state, params)) + "\n" + grid
+
+    def coordinate_lines(self, state: Any, params: Any) -> list[str]:
+        """The `grid_coord` header lines (environments that offer that format define them)."""
+        raise NotImplementedError
+
+
+def format_cells(mask) -> str:
+    """`(row, col)` of every true cell, 0-based, comma-separated (the `grid_coord` lists)."""
+    return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(np.asarray(mask))))
 
 
 def is_valid_action(action: jax.Array, num_actions: int) -> jax.Array:

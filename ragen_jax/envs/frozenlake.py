@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.envs.base import Environment, Info, is_valid_action
+from ragen_jax.envs.base import Environment, Info, format_cells, is_valid_action
 
 # Action k (1-based) moves by MOVES[k - 1]: Left, Down, Right, Up (gymnasium's 0..3 plus one).
 MOVES = np.array([(0, -1), (1, 0), (0, 1), (-1, 0)], dtype=np.int32)
@@ -210,22 +210,14 @@ class FrozenLake(Environment):
         player = jnp.where(state.holes, PLAYER_IN_HOLE, jnp.where(is_goal, PLAYER_ON_GOAL, PLAYER))
         return jnp.where(is_player, player, board).astype(jnp.int32)
 
-    def render_text(self, state: FrozenLakeState, params: FrozenLakeParams, fmt: str = "grid") -> str:
-        """The lake as the agent reads it: `grid`, or `grid_coord` (coordinates, then grid)."""
-        if fmt not in self.render_formats:
-            raise ValueError(f"render format {fmt!r} is not supported by frozenlake; allowed: {self.render_formats}")
-        grid = self.render_grid(state, params)
-        if fmt == "grid":
-            return grid
-        holes = np.asarray(state.holes)
+    def coordinate_lines(self, state: FrozenLakeState, params: FrozenLakeParams) -> list[str]:
         goal, player = np.asarray(state.goal), np.asarray(state.player)
-        lines = [
+        return [
             f"Board size: {params.size} rows x {params.size} cols",
             f"Goal: ({goal[0]}, {goal[1]})",
-            "Holes: " + (", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(holes))) or "none"),
+            f"Holes: {format_cells(state.holes) or 'none'}",
             f"Player: ({player[0]}, {player[1]})",
         ]
-        return "\n".join(lines) + "\n" + grid
 
     def instructions(self) -> str:
         return (

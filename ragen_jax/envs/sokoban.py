@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.envs.base import Environment, Info, is_valid_action
+from ragen_jax.envs.base import Environment, Info, format_cells, is_valid_action
 
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER = 0, 1, 2, 3, 4, 5
 PLAYER_ON_TARGET = 6  # only in symbol grids: gym-sokoban draws it from room_fixed
@@ -456,27 +456,15 @@ class Sokoban(Environment):
         on_target = (state.room_state == PLAYER) & (state.room_fixed == TARGET)
         return jnp.where(on_target, PLAYER_ON_TARGET, state.room_state)
 
-    def render_text(self, state: SokobanState, params: SokobanParams, fmt: str = "grid") -> str:
-        """The board as the agent reads it: `grid`, or `grid_coord` (coordinates, then grid)."""
-        if fmt not in self.render_formats:
-            raise ValueError(f"render format {fmt!r} is not supported by sokoban; allowed: {self.render_formats}")
-        grid = self.render_grid(state, params)
-        if fmt == "grid":
-            return grid
-        fixed = np.asarray(state.room_fixed)
-        room = np.asarray(state.room_state)
+    def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
+        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
         rows, cols = fixed.shape
-
-        def cells(mask):
-            return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(mask)))
-
-        lines = [
+        return [
             f"Board size: {rows} rows x {cols} cols",
-            f"Targets: {cells(fixed == TARGET)}",
-            f"Boxes: {cells((room == BOX) | (room == BOX_ON_TARGET))}",
-            f"Player: {cells(room == PLAYER)}",
+            f"Targets: {format_cells(fixed == TARGET)}",
+            f"Boxes: {format_cells((room == BOX) | (room == BOX_ON_TARGET))}",
+            f"Player: {format_cells(room == PLAYER)}",
         ]
-        return "\n".join(lines) + "\n" + grid
 
     def instructions(self) -> str:
         return (

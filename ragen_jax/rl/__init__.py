@@ -1,0 +1,1 @@
+"""RL math: advantages, losses and SNR-aware filtering (pure array functions)."""

@@ -1,0 +1,74 @@
+"""Policy, value, KL and entropy losses with the aggregation modes of SPEC §4.
+
+All inputs are token-level [B, T] arrays with `mask` marking the generated tokens that get
+loss; every function returns a scalar (and the clip fraction where it is logged).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k3")
+
+
+def aggregate(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+    """token-mean: over all loss tokens; seq-mean-token-mean: per-sequence token mean, then the
+    mean over sequences; seq-mean-token-sum: per-sequence token sum, then the mean over
+    sequences. Sequences without a loss token are left out of the sequence means."""
+    mask = mask.astype(jnp.float32)
+    if mode == "token-mean":
+        return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    tokens = jnp.sum(mask, axis=-1)
+    per_sequence = jnp.sum(loss * mask, axis=-1)
+    if mode == "seq-mean-token-mean":
+        per_sequence = per_sequence / jnp.maximum(tokens, 1.0)
+    elif mode != "seq-mean-token-sum":
+        raise ValueError(f"loss aggregation {mode!r} is not supported; allowed: {', '.join(AGGREGATIONS)}")
+    has_tokens = (tokens > 0).astype(jnp.float32)
+    return jnp.sum(per_sequence * has_tokens) / jnp.maximum(jnp.sum(has_tokens), 1.0)
+
+
+def policy_loss(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = None,
+    aggregation: str = "token-mean",
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate with separate ε_low/ε_high (clip-higher); with `dual_clip` = c,
+    the loss of a negative-advantage token is also capped at −A·c. Returns (loss, clip fraction)."""
+    ratio = jnp.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = jnp.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
+    clip_fraction = aggregate((clipped > unclipped).astype(jnp.float32), mask, "token-mean")
+    return aggregate(loss, mask, aggregation), clip_fraction
+
+
+def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k3") -> jax.Array:
+    """Per-token KL(π‖π_ref) estimate from sampled tokens: k1 = log π − log π_ref; k3 (low
+    variance, always ≥ 0) = r − log r − 1 with r = π_ref/π, clamped to [−10, 10] as verl."""
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    if estimator != "k3":
+        raise ValueError(f"kl estimator {estimator!r} is not supported; allowed: {', '.join(KL_ESTIMATORS)}")
+    log_ratio = ref_logprobs - logprobs
+    return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
+
+
+def value_loss(
+    values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, *, clip: float = 0.5,
+    aggregation: str = "token-mean",
+) -> jax.Array:
+    """½·max((v − R)², (clip(v, v_old ± clip) − R)²), aggregated over the masked tokens."""
+    clipped = jnp.clip(values, old_values - clip, old_values + clip)
+    loss = 0.5 * jnp.maximum(jnp.square(values - returns), jnp.square(clipped - returns))
+    return aggregate(loss, mask, aggregation)

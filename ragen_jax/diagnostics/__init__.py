@@ -1,0 +1,1 @@
+"""Diagnostics of reasoning collapse: cross-scoring mutual-information proxies."""

@@ -48,7 +48,7 @@ class Environment:
         raise NotImplementedError
 
     def instructions(self) -> str:
-        """The rules and symbol legend, as the agent reads them in its system prompt."""
+        """The rules and symbol legend for the system prompt (the prompt lists the actions itself)."""
         raise NotImplementedError
 
     @property

@@ -224,7 +224,7 @@ class FrozenLake(Environment):
             "You are walking on a frozen lake. Reach the goal without falling into a hole. The ice "
             "is slippery: you may move in a direction perpendicular to the one you chose. "
             "The symbols are: _ frozen tile, O hole, G goal, P player, X player in a hole, "
-            "√ player on the goal. Your available actions are Left, Down, Right, Up."
+            "√ player on the goal."
         )
 
 

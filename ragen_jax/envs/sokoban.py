@@ -472,7 +472,7 @@ class Sokoban(Environment):
             "boxes onto targets. When you are right next to a box, you can push it by moving in "
             "the same direction. You cannot push a box through a wall, and you cannot pull a box. "
             "The symbols are: # wall, _ empty floor, O target, X box, √ box on target, P player, "
-            "S player on a target. Your available actions are Up, Down, Left, Right."
+            "S player on a target."
         )
 
 

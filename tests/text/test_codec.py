@@ -1,0 +1,318 @@
+"""The in-graph codec against the tokenizer (encode/decode) and Python's `re`."""
+
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from ragen_jax.envs.registry import make
+from ragen_jax.envs.sokoban import SIMPLE_SOKOBAN
+from ragen_jax.text import codec as C
+from ragen_jax.text.codec import TextCodec
+
+BOARDS = [("SimpleSokoban", (6, 6)), ("LargerSokoban", (8, 8)), ("FrozenLake", (4, 4))]
+render = jax.jit(C.render_observation, static_argnames="final_newline")
+detokenize = jax.jit(C.detokenize)
+parse = jax.jit(C.parse_answer, static_argnames="prefix")
+stop = jax.jit(C.ends_with_answer_close)
+
+
+def encode(tokenizer, text):
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def grid_text(symbols, grid):
+    """What Environment.render_grid draws for a symbol-id grid."""
+    return "\n".join(" ".join(symbols[int(s)] for s in row) for row in np.asarray(grid))
+
+
+def valid_ids(ids, mask):
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    assert (np.sort(mask)[::-1] == mask).all()  # valid entries are packed at the front
+    return [int(i) for i in ids[mask]]
+
+
+@pytest.fixture(scope="module")
+def codecs():
+    """(tokenizer, env name, max actions) -> codec, built once."""
+    cache = {}
+
+    def get(tokenizer, name, max_actions=2, **kw):
+        key = (id(tokenizer), name, max_actions, tuple(kw.items()))
+        if key not in cache:
+            cache[key] = TextCodec.build(tokenizer, make(name)[0], max_actions, **kw)
+        return cache[key]
+
+    return get
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("name,shape", BOARDS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_render_equals_encode_on_random_boards(tokenizer, codecs, name, shape, data):
+    codec = codecs(tokenizer, name)
+    grid = data.draw(arrays(np.int32, shape, elements=st.integers(0, len(codec.symbols) - 1)))
+    final_newline = data.draw(st.booleans())
+    ids, mask = render(codec, jnp.asarray(grid), final_newline=final_newline)
+    assert ids.shape == (codec.observation_capacity(*shape),)
+    text = grid_text(codec.symbols, grid) + "\n" * final_newline
+    assert valid_ids(ids, mask) == encode(tokenizer, text)
+
+
+def test_render_equals_env_render_text_on_real_states(builtin_tokenizer, codecs):
+    sokoban, _ = make("SimpleSokoban")
+    fixed = np.array([[0] * 6, [0, 1, 1, 2, 1, 0], [0, 1, 2, 1, 1, 0], [0, 2, 1, 1, 1, 0],
+                      [0, 1, 1, 1, 1, 0], [0] * 6])
+    room = fixed.copy()
+    room[1, 3], room[2, 2], room[4, 2] = 3, 5, 4  # box on target, player on target, box
+    room[4, 4] = 5
+    frozen, params = make("FrozenLake")
+    holes = np.zeros((4, 4), bool)
+    holes[1, 1] = holes[2, 3] = True
+    lake = frozen.state_from_map(holes, [0, 0], [3, 3])
+    cases = [(sokoban, sokoban.state_from_rooms(fixed, room, SIMPLE_SOKOBAN), SIMPLE_SOKOBAN),
+             (frozen, lake, params), (frozen, lake.replace(player=jnp.array([1, 1])), params),
+             (frozen, lake.replace(player=jnp.array([3, 3])), params)]
+    for env, state, p in cases:
+        codec = codecs(builtin_tokenizer, "SimpleSokoban" if env is sokoban else "FrozenLake")
+        ids, mask = render(codec, env.symbol_grid(state, p))
+        assert valid_ids(ids, mask) == encode(builtin_tokenizer, env.render_text(state, p, "grid"))
+
+
+def test_punctuation_cells_swallow_the_newline(builtin_tokenizer, codecs):
+    """DESIGN decision 2, as the piece table records it: ` #\\n` is one token, ` P\\n` two."""
+    codec = codecs(builtin_tokenizer, "SimpleSokoban")
+    wall, player = codec.symbols.index("#"), codec.symbols.index("P")
+    lens = np.asarray(codec.piece_lens)
+    assert lens[wall, 1, 1] == 1 and lens[player, 1, 1] == 2
+    assert encode(builtin_tokenizer, " √\n") == list(np.asarray(codec.piece_ids)[3, 1, 1, :lens[3, 1, 1]])
+
+
+class _MergingTokenizer:
+    """A tokenizer that does not keep cells apart: it reads "# #" as "#_#"."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode(self, text, add_special_tokens=False):
+        return self.tok.encode(text.replace("# #", "#_#"), add_special_tokens=add_special_tokens)
+
+
+class _FakeEnv:
+    def __init__(self, symbols=("#", "_"), action_names=("Up", "Down")):
+        self.symbols, self.action_names = symbols, action_names
+
+
+def test_build_rejects_bad_inputs(builtin_tokenizer):
+    tok = builtin_tokenizer
+    with pytest.raises(ValueError, match="max_actions_per_turn=0"):
+        TextCodec.build(tok, _FakeEnv(), 0)
+    with pytest.raises(ValueError, match="'a b'"):
+        TextCodec.build(tok, _FakeEnv(symbols=("#", "a b")), 2)
+    with pytest.raises(ValueError, match="'Up '"):
+        TextCodec.build(tok, _FakeEnv(action_names=("Up ",)), 2)
+    with pytest.raises(ValueError, match="not distinct"):
+        TextCodec.build(tok, _FakeEnv(action_names=("Up", "UP")), 2)
+    with pytest.raises(ValueError, match="each cell must be its own pre-token"):
+        TextCodec.build(_MergingTokenizer(tok), _FakeEnv(), 2)
+    with pytest.raises(ValueError, match="vocab_size=10"):
+        TextCodec.build(tok, _FakeEnv(), 2, vocab_size=10)
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def test_token_bytes_match_the_tokenizer(tokenizer):
+    table = C.token_bytes(tokenizer)
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    assert C.byte_decoder() == inverse
+    specials = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+    for i, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        expected = specials[i].encode() if i in specials else bytes(inverse[c] for c in token)
+        assert table[i] == expected
+        assert table[i].decode("utf-8", errors="replace") == tokenizer.decode([i])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_detokenize_equals_decode(tokenizer, codecs, data):
+    size = len(tokenizer)
+    codec = codecs(tokenizer, "SimpleSokoban", vocab_size=size + 5)  # a model's padded vocabulary
+    ids = np.array(data.draw(st.lists(st.integers(0, size + 4), min_size=32, max_size=32)), np.int32)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=32, max_size=32)))
+    text, length = detokenize(codec, jnp.asarray(ids), jnp.asarray(mask))
+    kept = [int(i) for i in ids[mask] if i < size]
+    got = bytes(np.asarray(text)[:int(length)])
+    assert got == b"".join(C.token_bytes(tokenizer)[i] for i in kept)
+    assert got.decode("utf-8", errors="replace") == tokenizer.decode(kept)
+    assert not np.asarray(text)[int(length):].any()
+
+
+# ----------------------------------------------------------------------------- parsing
+
+PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+
+
+def reference_parse(data: bytes, names, max_actions, prefix="<think>"):
+    """SPEC §3 in plain Python, on the text the generation decodes to."""
+    text = (prefix.encode() + data).decode("utf-8", errors="replace")
+    match = PATTERN.search(text)
+    parts = [p.strip() for p in match.group(2).split("||")] if match else []
+    parts = [p for p in parts if p][:max_actions]
+    lowered = [n.lower() for n in names]
+    ids = [lowered.index(p.lower()) + 1 if p.lower() in lowered else 0 for p in parts]
+    ok = bool(ids) and 0 not in ids
+    return (ids if ok else []), ok
+
+
+def test_whitespace_table_is_pythons():
+    chars = [chr(c) for c in range(sys.maxunicode + 1)]
+    assert [c.encode() for c in chars if re.fullmatch(r"\s", c)] == list(C.WHITESPACE)
+    assert [c.encode() for c in chars if c.isspace()] == list(C.WHITESPACE)
+
+
+SPACES = ["", " ", "  ", "\n", "\t \n", "\r\n", "\xa0", "\u3000", "\u2009", "\x85", "\x1c", "\u2028"]
+ACTIONS = ["Up", "up", "DOWN", "Left", "rIgHt", "Right", "down", "LEFT"]
+WORDS = [*ACTIONS, "Jump", "", "up down", "Lef", "Rightt", "\u212aey", "Ｕp", "é", "√"]
+SEPARATORS = ["||", "||", " || ", "|||", "||||", "| |", "|"]
+FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", "||", "|", "<", ">", "/", "think", "answer",
+             "</", "<answer", *SPACES, *WORDS, "😀", "\ufffd"]
+noise = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=6).map("".join)
+body = st.builds(lambda parts, sep: sep.join(parts),
+                 st.lists(st.builds("{}{}{}".format, st.sampled_from(SPACES),
+                                    st.one_of(st.sampled_from(ACTIONS), st.sampled_from(WORDS)),
+                                    st.sampled_from(SPACES)), max_size=4),
+                 st.sampled_from(SEPARATORS))
+answers = st.builds("{}</think>{}<answer>{}</answer>{}".format, noise, st.sampled_from(SPACES), body, noise)
+texts = st.one_of(answers, st.lists(st.one_of(answers, noise), max_size=3).map("".join),
+                  st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join))
+raw_bytes = st.lists(st.one_of(texts.map(str.encode), st.binary(max_size=3)), max_size=4).map(b"".join)
+BUFFER = 640
+PADDING = b"</think><answer>Up</answer>" * 30  # after `length`: must be ignored
+
+
+def parse_bytes(codec, data: bytes, prefix="<think>"):
+    assert len(data) <= BUFFER
+    buffer = np.frombuffer((data + PADDING)[:BUFFER], np.uint8)
+    actions, count, ok = parse(codec, jnp.asarray(buffer), len(data), prefix=prefix)
+    actions, count = np.asarray(actions), int(count)
+    assert actions.shape == (codec.max_actions_per_turn,) and not actions[count:].any()
+    return [int(a) for a in actions[:count]], bool(ok)
+
+
+@pytest.mark.parametrize("name,max_actions", [("SimpleSokoban", 2), ("FrozenLake", 3)])
+@settings(max_examples=300, deadline=None)
+@given(data=st.one_of(texts.map(str.encode), raw_bytes))
+def test_parse_answer_matches_python_re(builtin_tokenizer, codecs, name, max_actions, data):
+    assume(len(data) <= BUFFER)
+    codec = codecs(builtin_tokenizer, name, max_actions)
+    expected = reference_parse(data, codec.action_names, max_actions)
+    assert parse_bytes(codec, data) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.one_of(texts.map(lambda t: ("<think>" + t).encode()), raw_bytes))
+def test_parse_answer_without_prefix(builtin_tokenizer, codecs, data):
+    assume(len(data) <= BUFFER)
+    codec = codecs(builtin_tokenizer, "SimpleSokoban")
+    assert parse_bytes(codec, data, prefix="") == reference_parse(data, codec.action_names, 2, prefix="")
+
+
+def test_parse_answer_examples(builtin_tokenizer, codecs):
+    codec = codecs(builtin_tokenizer, "SimpleSokoban")  # Up, Down, Left, Right = 1..4
+    cases = {
+        " I push. </think> <answer> Right || up </answer>": ([4, 1], True),
+        "x</think>\n\n<answer>left||LEFT||Down</answer>": ([3, 3], True),  # truncated to 2
+        "x</think><answer>Up || Jump</answer>": ([], False),  # unknown action
+        "x</think><answer>Up || Down || Jump</answer>": ([1, 2], True),  # Jump is cut unread
+        "x</think><answer> || Up ||</answer>": ([1], True),  # empty parts are dropped
+        "x</think><answer>  </answer>": ([], False),  # no action at all
+        "x</think> oops <answer>Up</answer>": ([], False),  # text between the tags
+        "x</think><answer>Up": ([], False),  # no closing tag
+        "a</think>b</think> <answer>Down</answer>": ([2], True),  # lazy think, later close
+        "x</think><answer>Up|||Down</answer>": ([], False),  # parts "Up", "|Down"
+    }
+    for text, expected in cases.items():
+        assert reference_parse(text.encode(), codec.action_names, 2) == expected, text
+        assert parse_bytes(codec, text.encode()) == expected, text
+
+
+def test_parse_answer_vmaps(builtin_tokenizer, codecs):
+    codec = codecs(builtin_tokenizer, "FrozenLake", 3)  # Left, Down, Right, Up
+    rows = [b" a </think><answer>Up||Down</answer>", b"</think><answer>Left</answer>", b""]
+    buffer = np.zeros((3, 64), np.uint8)
+    for r, row in enumerate(rows):
+        buffer[r, :len(row)] = list(row)
+    lengths = jnp.asarray([len(r) for r in rows])
+    actions, count, ok = jax.jit(jax.vmap(C.parse_answer, in_axes=(None, 0, 0)))(codec, buffer, lengths)
+    assert np.asarray(actions).tolist() == [[4, 2, 0], [1, 0, 0], [0, 0, 0]]
+    assert np.asarray(count).tolist() == [2, 1, 0] and np.asarray(ok).tolist() == [True, True, False]
+
+
+@jax.jit
+def ids_to_actions(codec, ids, mask):
+    return C.parse_answer(codec, *C.detokenize(codec, ids, mask))
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=answers)
+def test_detokenize_then_parse_matches_decode_then_re(builtin_tokenizer, codecs, text):
+    """The rollout's path: generated ids -> bytes -> actions, against decode -> re."""
+    codec = codecs(builtin_tokenizer, "SimpleSokoban")
+    ids = encode(builtin_tokenizer, text)
+    assume(len(ids) <= 96)
+    buffer = np.zeros(96, np.int32)
+    buffer[:len(ids)] = ids
+
+    actions, count, ok = ids_to_actions(codec, jnp.asarray(buffer), jnp.arange(96) < len(ids))
+    expected = reference_parse(builtin_tokenizer.decode(ids).encode(), codec.action_names, 2)
+    assert ([int(a) for a in np.asarray(actions)[:int(count)]], bool(ok)) == expected
+
+
+# ----------------------------------------------------------------------------- stop check
+
+
+def reference_stop(table, row, length):
+    """`</answer>` occurs in the text and ends inside the last token's bytes."""
+    text = b"".join(table[i] for i in row[:length])
+    before = len(text) - len(table[row[length - 1]]) if length else 0
+    return length > 0 and b"</answer>" in text[max(0, before - 8):]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_stop_check_matches_reference(builtin_tokenizer, codecs, data):
+    tok, n, batch = builtin_tokenizer, 20, 8
+    codec = codecs(tok, "SimpleSokoban")
+    pieces = ["</answer>", " </answer>", "</", "answer", ">", "</answer>\n", "<answer>", " Up", " ||",
+              "</think>", "<", "/", "a", "n", "s", "w", "e", "r", "</ans", "wer>", "x</answer>y"]
+    chunks = st.one_of(st.sampled_from([encode(tok, p) for p in pieces]),
+                       st.integers(0, len(tok) - 1).map(lambda i: [i]))
+    rows = []
+    for _ in range(batch):
+        row = [i for c in data.draw(st.lists(chunks, min_size=n, max_size=n)) for i in c]
+        rows.append(row[:n])
+    lengths = data.draw(st.lists(st.integers(0, n), min_size=batch, max_size=batch))
+    tokens = np.array(rows, np.int32)
+    got = np.asarray(stop(codec, jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32)))
+    table = C.token_bytes(tok)
+    assert got.tolist() == [reference_stop(table, list(r), k) for r, k in zip(tokens, lengths)]
+
+
+def test_stop_fn_is_a_decode_stop_fn(builtin_tokenizer, codecs):
+    codec = codecs(builtin_tokenizer, "SimpleSokoban")
+    ids = encode(builtin_tokenizer, "<think> go </think> <answer> Up </answer>")
+    tokens = np.zeros((2, 24), np.int32)
+    tokens[:, :len(ids)] = ids
+    fn = C.stop_fn(codec)
+    lengths = jnp.asarray([len(ids), len(ids) - 1])
+    assert np.asarray(jax.jit(fn)(jnp.asarray(tokens), lengths)).tolist() == [True, False]

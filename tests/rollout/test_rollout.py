@@ -1,0 +1,127 @@
+"""The jitted multi-turn rollout: scripted solver and garbage policies, and log-prob replay."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax.envs import registry
+from ragen_jax.envs.solver import solve_sokoban
+from ragen_jax.models import hf, sampling
+from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
+from ragen_jax.rollout import Policy, RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
+
+CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_turn=2, max_actions_per_traj=6,
+                       max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    env, params = registry.make("SimpleSokoban")
+    tok = hf.load_tokenizer()
+    codec = TextCodec.build(tok, env, CONFIG.max_actions_per_turn)
+    prompt = PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn)
+    return env, params, tok, codec, prompt
+
+
+class ScriptedPolicy(Policy):
+    """Emits given token ids each turn (a stand-in for a model)."""
+
+    def __init__(self, tokens, lengths):
+        self.tokens, self.lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+
+    def init_cache(self, batch, length):
+        return jnp.zeros(())
+
+    def prefill(self, cache, tokens, mask, offset, prev_logits):
+        return cache, jnp.zeros((tokens.shape[0], 1)) if prev_logits is None else prev_logits
+
+    def decode(self, cache, logits, offset, key, done, turn):
+        lengths = jnp.where(done, 0, self.lengths[:, turn])
+        tokens = jnp.where(jnp.arange(self.tokens.shape[2]) < lengths[:, None], self.tokens[:, turn], 0)
+        out = sampling.DecodeOutput(tokens=tokens, logprobs=jnp.zeros(tokens.shape), lengths=lengths, done=done,
+                                    logits=logits)
+        return cache, out
+
+
+def scripted(tok, texts):
+    """texts[b][t] -> token arrays [B, T, max_new_tokens] and lengths [B, T]."""
+    tokens = np.zeros((CONFIG.batch, CONFIG.max_turns, CONFIG.max_new_tokens), np.int32)
+    lengths = np.zeros((CONFIG.batch, CONFIG.max_turns), np.int32)
+    for b, row in enumerate(texts):
+        for t, text in enumerate(row):
+            ids = tok.encode(text, add_special_tokens=False)
+            assert len(ids) <= CONFIG.max_new_tokens, text
+            tokens[b, t, : len(ids)], lengths[b, t] = ids, len(ids)
+    return tokens, lengths
+
+
+def run(setup, policy, key):
+    env, params, _, codec, prompt = setup
+    return jax.jit(lambda k: rollout(k, policy, env, params, codec, prompt, CONFIG))(key)
+
+
+def test_solver_policy_succeeds_with_expected_returns(setup):
+    env, params, tok, _, _ = setup
+    key = jax.random.key(0)
+    states = initial_states(jax.random.split(key)[0], env, params, CONFIG)
+    texts, expected = [], []
+    step = jax.jit(env.step, static_argnums=3)
+    for b in range(CONFIG.batch):
+        state = jax.tree.map(lambda a: a[b], states)
+        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
+        plan = solve_sokoban(fixed == 0, fixed == 2, (room == 3) | (room == 4), np.asarray(state.player))
+        plan = plan[: CONFIG.max_actions_per_traj]
+        chunks = [plan[i : i + 2] for i in range(0, len(plan), 2)][: CONFIG.max_turns]
+        names = [" || ".join(env.action_names[a - 1] for a in chunk) for chunk in chunks]
+        texts.append([f" I follow the plan. </think> <answer> {n} </answer>" for n in names])
+        total = 0.0
+        for a in [a for chunk in chunks for a in chunk]:
+            state, r, done, _ = step(jax.random.key(0), state, a, params)
+            total += float(r)
+        expected.append((total, bool(state.success), sum(map(len, chunks))))
+    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    for b, (total, success, taken) in enumerate(expected):
+        np.testing.assert_allclose(float(traj.episode_reward[b]), total, rtol=1e-5)
+        assert bool(traj.success[b]) == success and int(traj.num_actions[b]) == taken
+        active = np.asarray(traj.turn_active[b])
+        assert np.all(np.asarray(traj.turn_valid[b])[active])
+        np.testing.assert_allclose(float(traj.token_rewards[b].sum()), total, rtol=1e-5)
+    assert bool(traj.success.any())
+    assert np.all(np.asarray(traj.loss_mask) <= np.asarray(traj.mask))
+
+
+def test_garbage_policy_only_collects_format_penalties(setup):
+    env, params, tok, _, _ = setup
+    key = jax.random.key(1)
+    texts = [[" hmm </think> nothing to see"] * CONFIG.max_turns for _ in range(CONFIG.batch)]
+    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    np.testing.assert_allclose(np.asarray(traj.episode_reward), CONFIG.max_turns * CONFIG.format_penalty, rtol=1e-6)
+    assert not np.asarray(traj.turn_valid).any() and int(traj.num_actions.max()) == 0
+    assert np.asarray(traj.turn_active).all()
+    np.testing.assert_array_equal(np.asarray(traj.gen_lengths), np.asarray(scripted(tok, texts)[1]))
+
+
+def test_model_logprobs_equal_a_training_forward_over_the_buffer(setup):
+    env, params, tok, codec, prompt = setup
+    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(3))
+
+    @jax.jit
+    def go(key, model):
+        return rollout(key, model_policy(model, codec, prompt, CONFIG), env, params, codec, prompt, CONFIG)
+
+    traj = go(jax.random.key(2), model)
+    mask = traj.mask
+    hidden, _ = jax.jit(lambda m, t, p, k: m(t, p, k))(model, traj.tokens, positions_from_mask(mask), mask)
+    logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)
+    # Each token is predicted from the last valid slot before it.
+    slots = jnp.arange(mask.shape[1])
+    prev = jax.lax.cummax(jnp.where(mask, slots, -1), axis=1)
+    prev = jnp.concatenate([jnp.full((mask.shape[0], 1), -1), prev[:, :-1]], axis=1)
+    rows = jnp.arange(mask.shape[0])[:, None]
+    want = logp[rows, jnp.maximum(prev, 0), traj.tokens]
+    loss = np.asarray(traj.loss_mask)
+    assert loss.sum() > 0
+    np.testing.assert_allclose(np.asarray(traj.logprobs)[loss], np.asarray(want)[loss], atol=1e-5)

@@ -104,15 +104,18 @@ def test_garbage_policy_only_collects_format_penalties(setup):
     np.testing.assert_array_equal(np.asarray(traj.gen_lengths), np.asarray(scripted(tok, texts)[1]))
 
 
-def test_model_logprobs_equal_a_training_forward_over_the_buffer(setup):
-    env, params, tok, codec, prompt = setup
+@pytest.fixture(scope="module")
+def model_rollout(setup):
+    """A rollout of a random-init tiny model (compiled once for the tests below)."""
+    env, params, _, codec, prompt = setup
     model = init_model(Qwen2Config.preset("tiny"), jax.random.key(3))
+    key = jax.random.key(2)
+    go = jax.jit(lambda k, m: rollout(k, model_policy(m, codec, prompt, CONFIG), env, params, codec, prompt, CONFIG))
+    return model, key, go(key, model)
 
-    @jax.jit
-    def go(key, model):
-        return rollout(key, model_policy(model, codec, prompt, CONFIG), env, params, codec, prompt, CONFIG)
 
-    traj = go(jax.random.key(2), model)
+def test_model_logprobs_equal_a_training_forward_over_the_buffer(model_rollout):
+    model, _, traj = model_rollout
     mask = traj.mask
     hidden, _ = jax.jit(lambda m, t, p, k: m(t, p, k))(model, traj.tokens, positions_from_mask(mask), mask)
     logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)
@@ -125,3 +128,100 @@ def test_model_logprobs_equal_a_training_forward_over_the_buffer(setup):
     loss = np.asarray(traj.loss_mask)
     assert loss.sum() > 0
     np.testing.assert_allclose(np.asarray(traj.logprobs)[loss], np.asarray(want)[loss], atol=1e-5)
+
+
+# ------------------------------------------------------------------ host-side replay
+
+ANSWER = __import__("re").compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", __import__("re").DOTALL)
+
+
+def parse_reference(text, action_names, max_actions):
+    """SPEC §3 with Python's `re`: (actions, valid)."""
+    match = ANSWER.search("<think>" + text)
+    if not match:
+        return [], False
+    parts = [p.strip() for p in match.group(2).split("||")]
+    parts = [p for p in parts if p][:max_actions]
+    lower = [n.lower() for n in action_names]
+    if not parts or any(p.lower() not in lower for p in parts):
+        return [], False
+    return [lower.index(p.lower()) + 1 for p in parts], True
+
+
+def replay(setup, traj, key):
+    """Rebuild every observation, parse and env step on the host from the sampled tokens."""
+    env, params, tok, codec, prompt = setup
+    states = initial_states(jax.random.split(key)[0], env, params, CONFIG)
+    step = jax.jit(env.step, static_argnums=3)
+    rows, cols = np.asarray(env.symbol_grid(jax.tree.map(lambda a: a[0], states), params)).shape
+    system_len = len(prompt.system_ids)
+    obs_len = prompt.observation_capacity(codec, rows, cols)
+    turn_len = obs_len + CONFIG.max_new_tokens
+    tokens, mask = np.asarray(traj.tokens), np.asarray(traj.mask)
+    end_id = prompt.end_of_message_id
+    for b in range(CONFIG.batch):
+        state = jax.tree.map(lambda a: a[b], states)
+        taken, last_reward, warning, closed, total = 0, None, False, False, 0.0
+        for t in range(CONFIG.max_turns):
+            active = not (bool(state.done) or taken >= CONFIG.max_actions_per_traj)
+            assert bool(traj.turn_active[b, t]) == active
+            start = system_len + t * turn_len
+            obs = tokens[b, start : start + obs_len][mask[b, start : start + obs_len]]
+            gen = tokens[b, start + obs_len : start + turn_len][mask[b, start + obs_len : start + turn_len]]
+            if not active:
+                assert len(obs) == 0 and len(gen) == 0
+                continue
+            text = prompt.observation_text(t + 1, env.render_text(state, params), CONFIG.max_actions_per_traj - taken,
+                                           last_reward, warning, closed)
+            assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)
+            actions, valid = parse_reference(tok.decode(list(gen)), env.action_names, CONFIG.max_actions_per_turn)
+            assert bool(traj.turn_valid[b, t]) == valid, (b, t, tok.decode(list(gen)))
+            reward = 0.0 if valid else CONFIG.format_penalty
+            for a in actions:
+                if bool(state.done) or taken >= CONFIG.max_actions_per_traj:
+                    break
+                state, r, _, _ = step(jax.random.key(0), state, a, params)
+                reward += float(r)
+                taken += 1
+            np.testing.assert_allclose(float(traj.turn_reward[b, t]), reward, atol=1e-5)
+            last_reward, warning, total = np.float32(reward), not valid, total + reward
+            closed = len(gen) > 0 and int(gen[-1]) == end_id
+        np.testing.assert_allclose(float(traj.episode_reward[b]), total, atol=1e-5)
+        assert int(traj.num_actions[b]) == taken and bool(traj.success[b]) == bool(state.success)
+
+
+def test_host_replay_of_a_random_model_rollout(setup, model_rollout):
+    _, key, traj = model_rollout
+    replay(setup, traj, key)
+
+
+def test_host_replay_of_random_scripted_answers(setup):
+    env, params, tok, _, _ = setup
+    rng = np.random.default_rng(0)
+    names = list(env.action_names) + ["up", "RIGHT", "Jump"]
+    texts = []
+    for _ in range(CONFIG.batch):
+        row = []
+        for _ in range(CONFIG.max_turns):
+            chosen = " || ".join(rng.choice(names, size=rng.integers(1, 4)))
+            row.append(rng.choice([f" go </think> <answer> {chosen} </answer>", f" x </think><answer>{chosen}</answer>",
+                                   " no answer </think>"]))
+        texts.append(row)
+    key = jax.random.key(5)
+    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    assert np.asarray(traj.turn_valid).any() and not np.asarray(traj.turn_valid).all()
+    replay(setup, traj, key)
+
+
+def test_host_replay_on_frozenlake():
+    env, params = registry.make("FrozenLake", success_rate=1.0)  # deterministic, so the host can replay it
+    tok = hf.load_tokenizer()
+    setup = (env, params, tok, TextCodec.build(tok, env, CONFIG.max_actions_per_turn),
+             PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn))
+    rng = np.random.default_rng(1)
+    texts = [[f" ok </think> <answer> {' || '.join(rng.choice(env.action_names, size=2))} </answer>"
+              for _ in range(CONFIG.max_turns)] for _ in range(CONFIG.batch)]
+    key = jax.random.key(7)
+    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    assert np.asarray(traj.turn_valid)[np.asarray(traj.turn_active)].all()
+    replay(setup, traj, key)

@@ -13,7 +13,6 @@ generated tokens/s and the ratio.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 
 import jax
@@ -24,23 +23,9 @@ from ragen_jax.envs import registry
 from ragen_jax.models import hf, sampling
 from ragen_jax.models.qwen2 import Qwen2Config, init_cache, init_model
 from ragen_jax.rollout import RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec, stop_fn
 from ragen_jax.text.prompt import PromptTemplate
-
-ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-
-
-def parse(text, action_names, max_actions):
-    match = ANSWER.search("<think>" + text)
-    if not match:
-        return [], False
-    parts = [p.strip() for p in match.group(2).split("||")]
-    parts = [p for p in parts if p][:max_actions]
-    lower = [n.lower() for n in action_names]
-    if not parts or any(p.lower() not in lower for p in parts):
-        return [], False
-    return [lower.index(p.lower()) + 1 for p in parts], True
-
 
 def host_loop(key, model, env, params, tok, codec, prompt, config):
     """RAGEN-style rollout: text and env on the host, the model through jitted prefill/decode."""
@@ -83,7 +68,7 @@ def host_loop(key, model, env, params, tok, codec, prompt, config):
             if done[b]:
                 continue
             gen = list(generated[b, : lengths[b]])
-            actions, valid = parse(tok.decode(gen), env.action_names, config.max_actions_per_turn)
+            actions, valid = parse_answer_text(tok.decode(gen), env.action_names, config.max_actions_per_turn)
             reward = 0.0 if valid else config.format_penalty
             for a in actions:
                 if bool(states[b].done) or taken[b] >= config.max_actions_per_traj:

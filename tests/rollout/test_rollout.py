@@ -10,6 +10,7 @@ from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models import hf, sampling
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
 from ragen_jax.rollout import Policy, RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
@@ -132,22 +133,6 @@ def test_model_logprobs_equal_a_training_forward_over_the_buffer(model_rollout):
 
 # ------------------------------------------------------------------ host-side replay
 
-ANSWER = __import__("re").compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", __import__("re").DOTALL)
-
-
-def parse_reference(text, action_names, max_actions):
-    """SPEC §3 with Python's `re`: (actions, valid)."""
-    match = ANSWER.search("<think>" + text)
-    if not match:
-        return [], False
-    parts = [p.strip() for p in match.group(2).split("||")]
-    parts = [p for p in parts if p][:max_actions]
-    lower = [n.lower() for n in action_names]
-    if not parts or any(p.lower() not in lower for p in parts):
-        return [], False
-    return [lower.index(p.lower()) + 1 for p in parts], True
-
-
 def replay(setup, traj, key):
     """Rebuild every observation, parse and env step on the host from the sampled tokens."""
     env, params, tok, codec, prompt = setup
@@ -174,7 +159,7 @@ def replay(setup, traj, key):
             text = prompt.observation_text(t + 1, env.render_text(state, params), CONFIG.max_actions_per_traj - taken,
                                            last_reward, warning, closed)
             assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)
-            actions, valid = parse_reference(tok.decode(list(gen)), env.action_names, CONFIG.max_actions_per_turn)
+            actions, valid = parse_answer_text(tok.decode(list(gen)), env.action_names, CONFIG.max_actions_per_turn)
             assert bool(traj.turn_valid[b, t]) == valid, (b, t, tok.decode(list(gen)))
             reward = 0.0 if valid else CONFIG.format_penalty
             for a in actions:

@@ -2,11 +2,16 @@
 here with another vocabulary size and seed, so the codec is not tied to one vocabulary."""
 
 import json
+import os
+import sys
 
 import pytest
 
 from ragen_jax.models.hf import load_tokenizer
 from ragen_jax.text import build_tokenizer
+
+# Make the shared helpers (text_helpers.py) importable by the tests in this folder.
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 @pytest.fixture(scope="session")

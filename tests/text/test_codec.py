@@ -15,27 +15,13 @@ from ragen_jax.envs.registry import make
 from ragen_jax.envs.sokoban import SIMPLE_SOKOBAN
 from ragen_jax.text import codec as C
 from ragen_jax.text.codec import TextCodec
+from text_helpers import encode, grid_text, valid_ids
 
 BOARDS = [("SimpleSokoban", (6, 6)), ("LargerSokoban", (8, 8)), ("FrozenLake", (4, 4))]
 render = jax.jit(C.render_observation, static_argnames="final_newline")
 detokenize = jax.jit(C.detokenize)
 parse = jax.jit(C.parse_answer, static_argnames="prefix")
 stop = jax.jit(C.ends_with_answer_close)
-
-
-def encode(tokenizer, text):
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def grid_text(symbols, grid):
-    """What Environment.render_grid draws for a symbol-id grid."""
-    return "\n".join(" ".join(symbols[int(s)] for s in row) for row in np.asarray(grid))
-
-
-def valid_ids(ids, mask):
-    ids, mask = np.asarray(ids), np.asarray(mask)
-    assert (np.sort(mask)[::-1] == mask).all()  # valid entries are packed at the front
-    return [int(i) for i in ids[mask]]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from ragen_jax.text import build_tokenizer
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import (FORMAT_PROMPT, INVALID_WARNING, ChatPieces, PromptTemplate, format_reward,
                                    observation_ids, system_content, user_content)
+from text_helpers import encode, grid_text, valid_ids
 
 _assemble = jax.jit(observation_ids)
 
@@ -22,20 +23,6 @@ def assemble(prompt, codec, grid, turn, actions_left, reward, warning, closed=Fa
     """One compile per board shape and tokenizer: the numbers always go in as typed scalars."""
     return _assemble(prompt, codec, jnp.asarray(grid, jnp.int32), np.int32(turn), np.int32(actions_left),
                      np.float32(reward), np.bool_(warning), np.bool_(closed))
-
-
-def encode(tokenizer, text):
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def grid_text(symbols, grid):
-    return "\n".join(" ".join(symbols[int(s)] for s in row) for row in np.asarray(grid))
-
-
-def valid_ids(ids, mask):
-    ids, mask = np.asarray(ids), np.asarray(mask)
-    assert (np.sort(mask)[::-1] == mask).all()  # valid entries are packed at the front
-    return [int(i) for i in ids[mask]]
 
 
 @pytest.fixture(scope="module")

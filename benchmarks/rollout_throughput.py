@@ -2,8 +2,8 @@
 
     python benchmarks/rollout_throughput.py [--model tiny] [--max-new-tokens 64]
 
-Both use the same model, the same KV-cache sampler (jitted prefill and decode) and the same
-buffer layout; they differ in what RAGEN does on the host between turns: render the board
+Both use the same model, the same KV-cache sampler (jitted prefill and decode, each turn
+reading only the cache slots written so far) and the same buffer layout; they differ in what RAGEN does on the host between turns: render the board
 to text, build the prompt, `tokenizer.encode`, `tokenizer.decode` the answers, parse them with
 Python's `re` and step the environments one by one. Ours does all of that inside one jitted
 function. 8 groups x 16 trajectories x 5 turns on SimpleSokoban; prints env steps/s,
@@ -60,7 +60,8 @@ def host_loop(key, model, env, params, tok, codec, prompt, config):
         cache, logits = sampling.prefill_jit(model, cache, jnp.asarray(ids), jnp.asarray(mask), offset, logits)
         key, sub = jax.random.split(key)
         cache, out = sampling.decode_jit(model, cache, logits, offset + obs_len, sub, num_steps=gen_len,
-                                         params=config.sampling, eos_ids=eos, stop_fn=stop, done=jnp.asarray(done))
+                                         params=config.sampling, eos_ids=eos, stop_fn=stop, done=jnp.asarray(done),
+                                         key_limit=offset + obs_len + gen_len)
         logits = out.logits
         generated, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         tokens_generated += int(lengths.sum())

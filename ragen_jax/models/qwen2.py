@@ -253,8 +253,7 @@ class Attention(nnx.Module):
                 k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), at),
                 v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), at),
             )
-            # With a static offset, slots past the chunk are causally masked: skip them.
-            end = offset + t if isinstance(offset, int) else cache.length
+            end = attn_mask.shape[-1]  # the key slots this call attends to (see Qwen2.__call__)
             k, v = cache.k[layer, :, :, :end].astype(x.dtype), cache.v[layer, :, :, :end].astype(x.dtype)
         s = k.shape[2]
         # Query head h uses kv head h // groups (transformers' repeat_kv order). Groups and
@@ -307,10 +306,15 @@ class Qwen2(nnx.Module):
                         _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                 cache: KVCache | None = None, offset: jax.Array | int = 0):
+                 cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None):
         """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
         themselves; with a cache the chunk is written at slot `offset` and attends to the
-        cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache)."""
+        cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache).
+
+        Only cache slots below `key_limit` are read (a static bound the caller knows holds
+        every valid key, e.g. the end of the current turn); by default `offset + T` when the
+        offset is static, else the whole cache. Reading fewer slots is the main saving when
+        decoding into a long buffer."""
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
         mask = mask.astype(bool)
@@ -321,7 +325,7 @@ class Qwen2(nnx.Module):
             key_valid, key_slot = mask, jnp.arange(t)
         else:
             cache = cache.replace(mask=jax.lax.dynamic_update_slice(cache.mask, mask, (0, offset)))
-            end = offset + t if isinstance(offset, int) else cache.length
+            end = key_limit if key_limit is not None else offset + t if isinstance(offset, int) else cache.length
             key_valid, key_slot = cache.mask[:, :end], jnp.arange(end)
         query_slot = offset + jnp.arange(t)
         attn_mask = (key_slot[None, :] <= query_slot[:, None])[None] & key_valid[:, None, :]

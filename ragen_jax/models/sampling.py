@@ -150,13 +150,15 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
 def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Array, *,
            num_steps: int, params: SamplingParams = SamplingParams(),
            eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
-           done: jax.Array | None = None, pad_id: int = 0) -> tuple[KVCache, DecodeOutput]:
+           done: jax.Array | None = None, pad_id: int = 0,
+           key_limit: int | None = None) -> tuple[KVCache, DecodeOutput]:
     """Sample up to `num_steps` tokens into cache slots offset .. offset+num_steps-1.
 
     `logits` [B, V] is the next-token distribution (from `prefill` or a previous decode).
     A sequence stops after emitting an id in `eos_ids` or when `stop_fn(tokens, lengths)`
     is true; later slots are written as holes. Rows with `done` set never start. The loop is
-    a while_loop that exits when every sequence has stopped.
+    a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
+    cache slots attended to: pass offset + num_steps when the offset is known statically.
     """
     b = logits.shape[0]
     done = jnp.zeros((b,), bool) if done is None else done.astype(bool)
@@ -182,7 +184,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, key_limit)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
@@ -195,7 +197,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",))
 decode_jit = jax.jit(decode, donate_argnames=("cache",),
-                     static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id"))
+                     static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id", "key_limit"))
 
 
 @struct.dataclass

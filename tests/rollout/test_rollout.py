@@ -59,9 +59,17 @@ def scripted(tok, texts):
     return tokens, lengths
 
 
-def run(setup, policy, key):
+_SCRIPTED = {}
+
+
+def run(setup, scripted_tokens, key):
+    """A rollout of a ScriptedPolicy; one compile per environment (the script is an argument)."""
     env, params, _, codec, prompt = setup
-    return jax.jit(lambda k: rollout(k, policy, env, params, codec, prompt, CONFIG))(key)
+    if env.name not in _SCRIPTED:
+        _SCRIPTED[env.name] = jax.jit(
+            lambda k, tokens, lengths: rollout(k, ScriptedPolicy(tokens, lengths), env, params, codec, prompt, CONFIG)
+        )
+    return _SCRIPTED[env.name](key, *scripted_tokens)
 
 
 def test_solver_policy_succeeds_with_expected_returns(setup):
@@ -83,7 +91,7 @@ def test_solver_policy_succeeds_with_expected_returns(setup):
             state, r, done, _ = step(jax.random.key(0), state, a, params)
             total += float(r)
         expected.append((total, bool(state.success), sum(map(len, chunks))))
-    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    traj = run(setup, scripted(tok, texts), key)
     for b, (total, success, taken) in enumerate(expected):
         np.testing.assert_allclose(float(traj.episode_reward[b]), total, rtol=1e-5)
         assert bool(traj.success[b]) == success and int(traj.num_actions[b]) == taken
@@ -98,7 +106,7 @@ def test_garbage_policy_only_collects_format_penalties(setup):
     env, params, tok, _, _ = setup
     key = jax.random.key(1)
     texts = [[" hmm </think> nothing to see"] * CONFIG.max_turns for _ in range(CONFIG.batch)]
-    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    traj = run(setup, scripted(tok, texts), key)
     np.testing.assert_allclose(np.asarray(traj.episode_reward), CONFIG.max_turns * CONFIG.format_penalty, rtol=1e-6)
     assert not np.asarray(traj.turn_valid).any() and int(traj.num_actions.max()) == 0
     assert np.asarray(traj.turn_active).all()
@@ -193,7 +201,7 @@ def test_host_replay_of_random_scripted_answers(setup):
                                    " no answer </think>"]))
         texts.append(row)
     key = jax.random.key(5)
-    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    traj = run(setup, scripted(tok, texts), key)
     assert np.asarray(traj.turn_valid).any() and not np.asarray(traj.turn_valid).all()
     replay(setup, traj, key)
 
@@ -207,6 +215,6 @@ def test_host_replay_on_frozenlake():
     texts = [[f" ok </think> <answer> {' || '.join(rng.choice(env.action_names, size=2))} </answer>"
               for _ in range(CONFIG.max_turns)] for _ in range(CONFIG.batch)]
     key = jax.random.key(7)
-    traj = run(setup, ScriptedPolicy(*scripted(tok, texts)), key)
+    traj = run(setup, scripted(tok, texts), key)
     assert np.asarray(traj.turn_valid)[np.asarray(traj.turn_active)].all()
     replay(setup, traj, key)

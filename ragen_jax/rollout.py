@@ -28,7 +28,7 @@ from flax import struct
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import Qwen2, init_cache
-from ragen_jax.text.codec import TextCodec, detokenize, ends_with_answer_close, parse_answer
+from ragen_jax.text.codec import TextCodec, detokenize, ends_with_answer_close, parse_answer, reasoning_length
 from ragen_jax.text.prompt import PromptTemplate, observation_ids
 
 
@@ -73,6 +73,8 @@ class Trajectories:
     turn_reward: jax.Array  # f32[B, T]
     turn_actions: jax.Array  # int32[B, T, max_actions_per_turn] parsed actions (0 = none)
     gen_lengths: jax.Array  # int32[B, T] generated tokens per turn
+    reasoning_lengths: jax.Array  # int32[B, T] of those, the reasoning before `</think>` (0: none)
+    turn_offsets: tuple[int, ...] = struct.field(pytree_node=False, default=())  # each turn's generation slot
 
 
 class Policy:
@@ -157,6 +159,7 @@ def rollout(
     grids = jax.vmap(env.symbol_grid, in_axes=(0, None))
     render = jax.vmap(observation_ids, in_axes=(None, None, 0, None, 0, 0, 0, 0))
     parse = jax.vmap(lambda ids, mask: parse_answer(codec, *detokenize(codec, ids, mask)))
+    reasoning = jax.vmap(lambda ids, mask: reasoning_length(codec, ids, mask))
     step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     class Carry(struct.PyTreeNode):
@@ -227,7 +230,8 @@ def rollout(
             total=carry.total + reward,
             last_slot=jnp.where(wrote, gen_offset + out.lengths - 1, carry.last_slot),
         )
-        record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0))
+        thought = jnp.where(active, reasoning(out.tokens, generated), 0)
+        record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0), thought)
         return new, record
 
     carry = Carry(
@@ -243,7 +247,7 @@ def rollout(
     for turn, turn_key in enumerate(jax.random.split(k_turns, turns)):
         carry, record = play_turn(carry, turn, turn_key)
         records.append(record)
-    active, turn_valid, turn_reward, turn_actions, gen_lengths = (jnp.stack(r) for r in zip(*records))
+    active, turn_valid, turn_reward, turn_actions, gen_lengths, thought = (jnp.stack(r) for r in zip(*records))
     slots = jnp.arange(length)[None, :]
     is_generated = jnp.zeros((batch, length), bool)
     for t in range(turns):
@@ -265,6 +269,8 @@ def rollout(
         turn_reward=turn_reward.T,
         turn_actions=jnp.moveaxis(turn_actions, 0, 1),
         gen_lengths=gen_lengths.T,
+        reasoning_lengths=thought.T,
+        turn_offsets=tuple(system_len + t * turn_len + obs_len for t in range(turns)),
     )
 
 

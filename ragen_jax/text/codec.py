@@ -215,6 +215,21 @@ def detokenize(codec: TextCodec, ids: jax.Array, mask: jax.Array):
     return text, lens.sum().astype(jnp.int32)
 
 
+def reasoning_length(codec: TextCodec, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """How many generated tokens come before the first `</think>`: the reasoning z of SPEC §5.
+
+    ids [n] are one turn's generated tokens (valid where `mask`, left-aligned); the prompt
+    already ended with `<think>`. The token holding the start of `</think>` is not reasoning.
+    0 when the generation has no `</think>` (no reasoning to score).
+    """
+    lens = _byte_lens(codec, ids, mask)
+    text, length = detokenize(codec, ids, mask)
+    close = _matches(text, length, THINK_CLOSE)
+    ends = jnp.cumsum(lens)
+    count = jnp.sum(mask & (ends <= _first(close)))
+    return jnp.where(close.any(), count, 0).astype(jnp.int32)
+
+
 # ----------------------------------------------------------------------------- parsing
 
 

@@ -169,6 +169,12 @@ def replay(setup, traj, key):
             assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)
             actions, valid = parse_answer_text(tok.decode(list(gen)), env.action_names, CONFIG.max_actions_per_turn)
             assert bool(traj.turn_valid[b, t]) == valid, (b, t, tok.decode(list(gen)))
+            text_gen = tok.decode(list(gen))
+            if text_gen.isascii():  # then characters are bytes: count tokens ending before </think>
+                close = text_gen.find("</think>")
+                want = 0 if close < 0 else sum(len(tok.decode(list(gen[: k + 1]))) <= close for k in range(len(gen)))
+                assert int(traj.reasoning_lengths[b, t]) == want, (b, t, text_gen)
+            assert traj.turn_offsets[t] == start + obs_len
             reward = 0.0 if valid else CONFIG.format_penalty
             for a in actions:
                 if bool(state.done) or taken >= CONFIG.max_actions_per_traj:

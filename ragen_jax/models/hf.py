@@ -237,7 +237,14 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     dtype = jnp.dtype(dtype or cfg.param_dtype)
-    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, str(dtype)), indent=2))
+    # Every file is written under a temporary name and renamed into place at the end, the
+    # config last: a crash mid-export never leaves a directory that looks loadable.
+    written: list[str] = []
+
+    def partial(name: str) -> str:
+        written.append(name)
+        return str(path / (name + ".partial"))
+
     groups, current, size = [], {}, 0
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name, transpose = hf_name(p)
@@ -254,7 +261,7 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
         return np.ascontiguousarray(array.T if transpose else array)
 
     if len(groups) == 1:
-        save_file({n: host(*vt) for n, vt in groups[0].items()}, str(path / "model.safetensors"),
+        save_file({n: host(*vt) for n, vt in groups[0].items()}, partial("model.safetensors"),
                   metadata={"format": "pt"})
     else:
         weight_map, total = {}, 0
@@ -262,10 +269,13 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
             file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             tensors = {n: host(*vt) for n, vt in group.items()}
             total += sum(t.nbytes for t in tensors.values())
-            save_file(tensors, str(path / file), metadata={"format": "pt"})
+            save_file(tensors, partial(file), metadata={"format": "pt"})
             weight_map.update({n: file for n in group})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (path / _INDEX).write_text(json.dumps(index, indent=2))
+        Path(partial(_INDEX)).write_text(json.dumps(index, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
+    Path(partial("config.json")).write_text(json.dumps(config_to_hf(cfg, str(dtype)), indent=2))
+    for name in written:
+        os.replace(path / (name + ".partial"), path / name)
 

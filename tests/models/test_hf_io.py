@@ -149,3 +149,22 @@ def test_unsupported_checkpoint_settings(tmp_path):
     make_hf_model(tie=True, rope={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="rope_type='dynamic' is not supported"):
         hf.load_pretrained(tmp_path)
+
+
+def test_export_interrupted_midway_leaves_nothing_loadable(tmp_path, monkeypatch):
+    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(2))
+    calls = []
+
+    def failing_save(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(hf, "save_file", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        hf.save_pretrained(model, tmp_path, max_shard_bytes=400_000)
+    assert not (tmp_path / "config.json").exists()
+    assert not list(tmp_path.glob("*.safetensors"))
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        hf.load_pretrained(tmp_path)

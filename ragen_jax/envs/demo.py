@@ -67,4 +67,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly, as command-line tools do
+        sys.stderr.close()
+        sys.exit(0)

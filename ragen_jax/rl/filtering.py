@@ -25,12 +25,16 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 METRICS = ("reward_variance", "reward_mean", "entropy")
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "none")
 PROB_MODES = ("linear", "softmax")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 ZERO = 1e-10  # |score| at or below this counts as zero
+# The same test on float32 scores: float32(1e-10) is slightly above 1e-10, so "> 1e-10" in
+# exact arithmetic is ">" the largest float32 not above it.
+_ZERO_F32 = float(np.nextafter(np.float32(ZERO), np.float32(0)))
 EPSILON = 0.01  # top_p (linear) stops this far short of ρ·Σscore
 
 
@@ -118,7 +122,7 @@ def select_groups(config: FilterConfig, scores: jax.Array) -> jax.Array:
     scores = scores.astype(jnp.float32)
     candidate = jnp.ones(num_groups, bool)
     if not config.include_zero:
-        candidate = jnp.abs(scores) > ZERO
+        candidate = jnp.abs(scores) > _ZERO_F32
     available = candidate.sum()
     strategy, rho = config.strategy, config.rho
 

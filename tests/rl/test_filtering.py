@@ -42,7 +42,9 @@ def reference_select(scores, strategy, rho, prob_mode="linear", include_zero=Tru
     if strategy == "top_k_abs":
         return set(ranked[: max(1, int(rho))])
     best = max((scores[g] for g in groups), default=None)
-    return {g for g in groups if scores[g] >= rho * best - 1e-10}
+    # In float32 like the scores in the graph: rho * best rounds differently in float64.
+    f32 = np.float32
+    return {g for g in groups if f32(scores[g]) >= f32(f32(rho) * f32(best)) - f32(1e-10)}
 
 
 _SELECT = {}
@@ -98,6 +100,14 @@ def test_top_p_matches_reference(scores, rho, prob_mode, include_zero):
 def test_other_strategies_match_reference(scores, strategy, rho, include_zero):
     config = FilterConfig(strategy=strategy, rho=rho, include_zero=include_zero)
     assert ours(config, scores) == reference_select(scores, strategy, rho, include_zero=include_zero)
+
+
+def test_zero_threshold_is_exact_on_float32_scores():
+    tiny = float(np.float32(1e-10))  # just above 1e-10: not zero
+    below = float(np.nextafter(np.float32(1e-10), np.float32(0)))  # just below: zero
+    scores = [0.0] * (NUM_GROUPS - 2) + [below, tiny]
+    config = FilterConfig(strategy="top_p", rho=0.0, prob_mode="softmax", include_zero=False)
+    assert ours(config, scores) == reference_select(scores, "top_p", 0.0, "softmax", False) == {NUM_GROUPS - 1}
 
 
 def test_hand_computed_cases():

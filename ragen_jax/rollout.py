@@ -19,6 +19,7 @@ ends when the env is done, the action budget `max_actions_per_traj` is spent, or
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -158,8 +159,13 @@ def rollout(
 
     grids = jax.vmap(env.symbol_grid, in_axes=(0, None))
     render = jax.vmap(observation_ids, in_axes=(None, None, 0, None, 0, 0, 0, 0))
-    parse = jax.vmap(lambda ids, mask: parse_answer(codec, *detokenize(codec, ids, mask)))
-    reasoning = jax.vmap(lambda ids, mask: reasoning_length(codec, ids, mask))
+
+    @jax.vmap
+    def read_answer(ids, mask):
+        """Detokenize once; parse the actions and measure the reasoning from the same bytes."""
+        text = detokenize(codec, ids, mask)
+        return (*parse_answer(codec, *text), reasoning_length(codec, ids, mask, text))
+
     step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     class Carry(struct.PyTreeNode):
@@ -195,7 +201,7 @@ def rollout(
         generated = jnp.arange(gen_len)[None, :] < out.lengths[:, None]
 
         # 3. parse, then step the env with each parsed action while budget and episode last
-        actions, num_parsed, format_ok = parse(out.tokens, generated)
+        actions, num_parsed, format_ok, thought = read_answer(out.tokens, generated)
         states, reward, taken = carry.states, jnp.zeros(batch, jnp.float32), carry.actions_taken
         for k in range(config.max_actions_per_turn):
             go = active & format_ok & (k < num_parsed) & ~states.done & (taken < config.max_actions_per_traj)
@@ -230,8 +236,8 @@ def rollout(
             total=carry.total + reward,
             last_slot=jnp.where(wrote, gen_offset + out.lengths - 1, carry.last_slot),
         )
-        thought = jnp.where(active, reasoning(out.tokens, generated), 0)
-        record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0), thought)
+        record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0),
+                  jnp.where(active, thought, 0))
         return new, record
 
     carry = Carry(
@@ -249,10 +255,8 @@ def rollout(
         records.append(record)
     active, turn_valid, turn_reward, turn_actions, gen_lengths, thought = (jnp.stack(r) for r in zip(*records))
     slots = jnp.arange(length)[None, :]
-    is_generated = jnp.zeros((batch, length), bool)
-    for t in range(turns):
-        start = system_len + t * turn_len + obs_len
-        is_generated = is_generated | ((slots >= start) & (slots < start + gen_len))
+    turn_offsets = tuple(system_len + t * turn_len + obs_len for t in range(turns))
+    is_generated = functools.reduce(jnp.logical_or, [(slots >= o) & (slots < o + gen_len) for o in turn_offsets])
     loss_mask = carry.valid & is_generated
     token_rewards = jnp.where(slots == carry.last_slot[:, None], carry.total[:, None], 0.0)
     return Trajectories(
@@ -270,7 +274,7 @@ def rollout(
         turn_actions=jnp.moveaxis(turn_actions, 0, 1),
         gen_lengths=gen_lengths.T,
         reasoning_lengths=thought.T,
-        turn_offsets=tuple(system_len + t * turn_len + obs_len for t in range(turns)),
+        turn_offsets=turn_offsets,
     )
 
 

@@ -215,15 +215,16 @@ def detokenize(codec: TextCodec, ids: jax.Array, mask: jax.Array):
     return text, lens.sum().astype(jnp.int32)
 
 
-def reasoning_length(codec: TextCodec, ids: jax.Array, mask: jax.Array) -> jax.Array:
+def reasoning_length(codec: TextCodec, ids: jax.Array, mask: jax.Array, detokenized=None) -> jax.Array:
     """How many generated tokens come before the first `</think>`: the reasoning z of SPEC §5.
 
     ids [n] are one turn's generated tokens (valid where `mask`, left-aligned); the prompt
     already ended with `<think>`. The token holding the start of `</think>` is not reasoning.
-    0 when the generation has no `</think>` (no reasoning to score).
+    0 when the generation has no `</think>` (no reasoning to score). Pass `detokenized`
+    (the `detokenize` result) when the caller already has it.
     """
     lens = _byte_lens(codec, ids, mask)
-    text, length = detokenize(codec, ids, mask)
+    text, length = detokenized if detokenized is not None else detokenize(codec, ids, mask)
     close = _matches(text, length, THINK_CLOSE)
     ends = jnp.cumsum(lens)
     count = jnp.sum(mask & (ends <= _first(close)))

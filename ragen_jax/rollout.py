@@ -28,7 +28,7 @@ from flax import struct
 
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import Qwen2, init_cache
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache
 from ragen_jax.text.codec import TextCodec, detokenize, ends_with_answer_close, parse_answer, reasoning_length
 from ragen_jax.text.prompt import PromptTemplate, observation_ids
 
@@ -135,14 +135,16 @@ def rollout(
     codec: TextCodec,
     prompt: PromptTemplate,
     config: RolloutConfig,
+    shard_rows: Callable = lambda x, axis=0: x,
 ) -> Trajectories:
     """Play `num_groups × group_size` trajectories; members of a group share the initial state.
 
-    The initial states are `initial_states(jax.random.split(key)[0], ...)`.
+    The initial states are `initial_states(jax.random.split(key)[0], ...)`. `shard_rows(x, axis)`
+    places per-row arrays on a device mesh (`sharding.rows_constraint`); by default nothing.
     """
     batch, turns, gen_len = config.batch, config.max_turns, config.max_new_tokens
     k_reset, k_turns = jax.random.split(key)
-    states = initial_states(k_reset, env, env_params, config)
+    states = shard_rows(initial_states(k_reset, env, env_params, config))
     rows, cols = env.symbol_grid(jax.tree.map(lambda a: a[0], states), env_params).shape
 
     system_len = prompt.system_ids.shape[0]
@@ -151,11 +153,13 @@ def rollout(
     length = system_len + turns * turn_len
 
     cache = policy.init_cache(batch, length)
+    if isinstance(cache, KVCache):  # rows are axis 1 of keys/values [layers, B, ...]
+        cache = KVCache(shard_rows(cache.k, 1), shard_rows(cache.v, 1), shard_rows(cache.mask))
     system = jnp.broadcast_to(prompt.system_ids, (batch, system_len))
     cache, logits = policy.prefill(cache, system, jnp.ones_like(system, bool), 0, None)
-    buffer = jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system)
-    valid = jnp.zeros((batch, length), bool).at[:, :system_len].set(True)
-    logprobs = jnp.zeros((batch, length), jnp.float32)
+    buffer = shard_rows(jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system))
+    valid = shard_rows(jnp.zeros((batch, length), bool).at[:, :system_len].set(True))
+    logprobs = shard_rows(jnp.zeros((batch, length), jnp.float32))
 
     grids = jax.vmap(env.symbol_grid, in_axes=(0, None))
     render = jax.vmap(observation_ids, in_axes=(None, None, 0, None, 0, 0, 0, 0))

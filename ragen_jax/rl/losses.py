@@ -13,21 +13,35 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k3")
 
 
-def aggregate(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+def aggregate(loss: jax.Array, mask: jax.Array, mode: str, normaliser: jax.Array | None = None) -> jax.Array:
     """token-mean: over all loss tokens; seq-mean-token-mean: per-sequence token mean, then the
     mean over sequences; seq-mean-token-sum: per-sequence token sum, then the mean over
-    sequences. Sequences without a loss token are left out of the sequence means."""
+    sequences. Sequences without a loss token are left out of the sequence means.
+
+    `normaliser` replaces the denominator (the loss-token or sequence count): pass
+    `aggregation_normaliser` of a whole minibatch to sum micro-batch losses into exactly the
+    minibatch's loss (gradient accumulation without changing the objective)."""
     mask = mask.astype(jnp.float32)
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"loss aggregation {mode!r} is not supported; allowed: {', '.join(AGGREGATIONS)}")
+    if normaliser is None:
+        normaliser = aggregation_normaliser(mask, mode)
     if mode == "token-mean":
-        return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+        return jnp.sum(loss * mask) / normaliser
     tokens = jnp.sum(mask, axis=-1)
     per_sequence = jnp.sum(loss * mask, axis=-1)
     if mode == "seq-mean-token-mean":
         per_sequence = per_sequence / jnp.maximum(tokens, 1.0)
-    elif mode != "seq-mean-token-sum":
-        raise ValueError(f"loss aggregation {mode!r} is not supported; allowed: {', '.join(AGGREGATIONS)}")
-    has_tokens = (tokens > 0).astype(jnp.float32)
-    return jnp.sum(per_sequence * has_tokens) / jnp.maximum(jnp.sum(has_tokens), 1.0)
+    return jnp.sum(per_sequence) / normaliser  # sequences without tokens contribute 0
+
+
+def aggregation_normaliser(mask: jax.Array, mode: str) -> jax.Array:
+    """The denominator of `aggregate`: loss tokens (token-mean) or sequences with at least
+    one loss token (the sequence means), at least 1."""
+    mask = mask.astype(jnp.float32)
+    if mode == "token-mean":
+        return jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.maximum(jnp.sum(jnp.sum(mask, axis=-1) > 0), 1.0)
 
 
 def policy_loss(
@@ -40,6 +54,7 @@ def policy_loss(
     clip_high: float = 0.28,
     dual_clip: float | None = None,
     aggregation: str = "token-mean",
+    normaliser: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """PPO's clipped surrogate with separate ε_low/ε_high (clip-higher); with `dual_clip` = c,
     the loss of a negative-advantage token is also capped at −A·c. Returns (loss, clip fraction)."""
@@ -50,7 +65,7 @@ def policy_loss(
     if dual_clip is not None:
         loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
     clip_fraction = aggregate((clipped > unclipped).astype(jnp.float32), mask, "token-mean")
-    return aggregate(loss, mask, aggregation), clip_fraction
+    return aggregate(loss, mask, aggregation, normaliser), clip_fraction
 
 
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k3") -> jax.Array:
@@ -66,9 +81,9 @@ def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k
 
 def value_loss(
     values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, *, clip: float = 0.5,
-    aggregation: str = "token-mean",
+    aggregation: str = "token-mean", normaliser: jax.Array | None = None,
 ) -> jax.Array:
     """½·max((v − R)², (clip(v, v_old ± clip) − R)²), aggregated over the masked tokens."""
     clipped = jnp.clip(values, old_values - clip, old_values + clip)
     loss = 0.5 * jnp.maximum(jnp.square(values - returns), jnp.square(clipped - returns))
-    return aggregate(loss, mask, aggregation)
+    return aggregate(loss, mask, aggregation, normaliser)

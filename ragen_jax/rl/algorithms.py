@@ -1,0 +1,123 @@
+"""The four update recipes of SPEC §4 as presets of one frozen config.
+
+| algo    | advantage                         | loss aggregation    | clip (low/high) | critic |
+| ------- | --------------------------------- | ------------------- | --------------- | ------ |
+| ppo     | GAE (γ=1, λ=1) with a critic      | token-mean          | 0.2 / 0.28      | yes    |
+| grpo    | (R − group mean)/(group std+1e-6) | seq-mean-token-mean | 0.2 / 0.28      | no     |
+| drgrpo  | R − group mean                    | seq-mean-token-sum  | 0.2 / 0.28      | no     |
+| dapo    | (R − group mean)/(group std+1e-6) | token-mean          | 0.2 / 0.28      | no     |
+
+Shared defaults: actor lr 1e-6, critic lr 1e-5, entropy coefficient 0.001, KL coefficient 0
+(k1 or k3 when it is set; DAPO refuses a KL term), minibatches of 32 trajectories, one epoch.
+`AlgoConfig.preset(name, **overrides)` builds one; every field can still be overridden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optax
+
+from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
+
+ALGORITHMS = ("ppo", "grpo", "drgrpo", "dapo")
+ADVANTAGES = ("gae", "grpo", "drgrpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+    name: str = "ppo"
+    advantage: str = "gae"
+    aggregation: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    entropy_coef: float = 0.001
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    gamma: float = 1.0
+    lam: float = 1.0
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    value_clip: float = 0.5
+    mini_batch_size: int = 32  # trajectories per optimiser step
+    micro_batch_size: int = 0  # trajectories per forward/backward (0: the whole minibatch)
+    epochs: int = 1
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "AlgoConfig":
+        if name not in ALGORITHMS:
+            raise ValueError(f"algo.name={name!r} is not supported; allowed: {', '.join(ALGORITHMS)}")
+        recipe = {
+            "ppo": dict(advantage="gae", aggregation="token-mean"),
+            "grpo": dict(advantage="grpo", aggregation="seq-mean-token-mean"),
+            "drgrpo": dict(advantage="drgrpo", aggregation="seq-mean-token-sum"),
+            "dapo": dict(advantage="grpo", aggregation="token-mean"),
+        }[name]
+        return cls(name=name, **{**recipe, **overrides})
+
+    def __post_init__(self):
+        for field, allowed in (("name", ALGORITHMS), ("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
+                               ("kl_estimator", KL_ESTIMATORS)):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(f"algo.{field}={value!r} is not supported; allowed: {', '.join(allowed)}")
+        for field in ("clip_low", "clip_high", "entropy_coef", "kl_coef", "weight_decay", "value_clip"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"algo.{field}={getattr(self, field)} must be >= 0")
+        for field in ("actor_lr", "critic_lr", "grad_clip"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"algo.{field}={getattr(self, field)} must be > 0")
+        for field in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, field) <= 1.0:
+                raise ValueError(f"algo.{field}={getattr(self, field)} must be in [0, 1]")
+        if self.mini_batch_size < 1 or self.epochs < 1 or self.micro_batch_size < 0:
+            raise ValueError(
+                f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1 and "
+                f"algo.micro_batch_size={self.micro_batch_size} >= 0"
+            )
+        if self.micro_batch_size and self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"algo.micro_batch_size={self.micro_batch_size} must divide algo.mini_batch_size={self.mini_batch_size}"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"algo.dual_clip={self.dual_clip} must be > 1 (or None)")
+        if self.name == "dapo" and self.kl_coef:
+            raise ValueError(f"algo.kl_coef={self.kl_coef}: DAPO trains without a KL term (set it to 0)")
+        if self.name == "ppo" and self.advantage != "gae":
+            raise ValueError(f"algo.advantage={self.advantage!r}: PPO uses the critic's GAE ('gae')")
+        if self.name != "ppo" and self.advantage == "gae":
+            raise ValueError(f"algo.advantage='gae' needs a critic: only algo.name='ppo' trains one")
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.advantage == "gae"
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    @property
+    def micro_batch(self) -> int:
+        return self.micro_batch_size or self.mini_batch_size
+
+    def check_batch(self, batch: int, group_size: int) -> None:
+        """The rollout batch must split into whole minibatches; group baselines need groups."""
+        if batch % self.mini_batch_size:
+            raise ValueError(
+                f"algo.mini_batch_size={self.mini_batch_size} must divide the rollout batch "
+                f"(num_groups × group_size = {batch})"
+            )
+        if self.advantage in ("grpo", "drgrpo") and group_size < 2:
+            raise ValueError(
+                f"algo.name={self.name!r} normalises rewards within a group: rollout.group_size must be >= 2 "
+                f"(got {group_size})"
+            )
+
+
+def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:
+    """AdamW after global-norm clipping (verl's actor and critic defaults)."""
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip),
+                       optax.adamw(lr, b1=0.9, b2=0.999, weight_decay=config.weight_decay))

@@ -1,0 +1,71 @@
+"""Device mesh and placement rules (DESIGN decision 6).
+
+One mesh with axes (`data`, `fsdp`, `tensor`). Parameters carry partition specs over `fsdp`
+and `tensor` (set where each weight is declared, `models/qwen2.py`); an axis that does not
+divide a dimension is dropped (that dimension is replicated). Trajectory rows — env groups,
+token buffers, KV caches — are split over `data` × `fsdp`. The same train step runs on one
+CPU, on 8 fake CPU devices and on a TPU slice; only the mesh changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ragen_jax.models.qwen2 import fit_spec
+
+AXES = ("data", "fsdp", "tensor")
+ROWS = ("data", "fsdp")  # the mesh axes trajectory rows are split over
+
+
+def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over the first prod(shape) devices (Auto axis types, so
+    GSPMD propagates shardings from the constraints we set)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"mesh shape {shape} must be three positive sizes (data, fsdp, tensor)")
+    devices = list(devices if devices is not None else jax.devices())
+    need = int(np.prod(shape))
+    if need > len(devices):
+        raise ValueError(f"mesh {'x'.join(map(str, shape))} needs {need} devices; {len(devices)} available")
+    return Mesh(np.asarray(devices[:need]).reshape(shape), AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def row_shards(mesh: Mesh | None) -> int:
+    """How many pieces trajectory rows are split into."""
+    return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def module_shardings(state: nnx.State, mesh: Mesh):
+    """NamedSharding for every variable of an NNX state, from its declared partition spec."""
+    specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda x, s: NamedSharding(mesh, fit_spec(x.shape, s, mesh)), state, specs,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def rows_constraint(mesh: Mesh | None):
+    """A function (x, axis) -> x constrained to be split over data×fsdp along `axis` (rows),
+    replicated elsewhere; identity without a mesh or when the rows do not divide evenly."""
+    if mesh is None:
+        return lambda x, axis=0: x
+    shards = row_shards(mesh)
+
+    def constrain(x: Any, axis: int = 0):
+        def one(a):
+            if a.ndim <= axis or a.shape[axis] % shards:
+                return a
+            spec = [None] * a.ndim
+            spec[axis] = ROWS
+            return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
+
+        return jax.tree.map(one, x)
+
+    return constrain

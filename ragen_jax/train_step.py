@@ -1,0 +1,411 @@
+"""One training iteration as one compiled function: `step(state) -> (state, metrics)`.
+
+In order, all inside XLA (DESIGN, "the one idea"):
+
+1. rollout: `num_groups × group_size` multi-turn trajectories from the current policy;
+2. SNR-aware filter: score each group by its reward std, keep whole groups (SPEC §4);
+3. diagnostics (every `compute_freq` steps and at step 1): cross-scoring MI on the rollout,
+   before filtering (SPEC §5) — when a diagnostics config is given;
+4. advantages: GAE with the critic (PPO) or group baselines (GRPO / Dr.GRPO / DAPO);
+5. update over the kept groups only: they are moved to the front and the loop runs
+   ceil(kept rows / minibatch) × epochs optimiser steps — a `while_loop` with a
+   data-dependent bound, so dropping groups saves update compute (DESIGN decision 4).
+
+Token layout. The rollout buffer `[B, S]` has holes; the loss only concerns generated slots.
+Those sit at static offsets (`turn_offsets[t] + i`), so the update works on a compact
+`[B, K]` view, K = turns × max_new_tokens: for each generated slot its token, the slot that
+predicts it (the last valid slot before it), its loss mask, sampling-time log-prob and
+reward. The training forward runs over the whole buffer once and projects to the vocabulary
+only at those K positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from ragen_jax import sharding
+from ragen_jax.envs.base import Environment
+from ragen_jax.models.qwen2 import Qwen2, positions_from_mask, token_logprobs
+from ragen_jax.models.value import ValueModel, critic_from_policy
+from ragen_jax.rl import advantages as adv
+from ragen_jax.rl import filtering, losses
+from ragen_jax.rl.algorithms import AlgoConfig, optimizer
+from ragen_jax.rollout import RolloutConfig, Trajectories, model_policy, rollout
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Everything static about a training step."""
+
+    rollout: RolloutConfig = RolloutConfig()
+    filter: filtering.FilterConfig = filtering.FilterConfig()
+    algo: AlgoConfig = AlgoConfig.preset("ppo")
+    diagnostics: Any = None  # a diagnostics.diagnose.DiagnosticsConfig, or None for no MI metrics
+
+    def __post_init__(self):
+        self.filter.check_group_size(self.rollout.group_size)
+        self.algo.check_batch(self.rollout.batch, self.rollout.group_size)
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes from step to step (a pytree: jit, shard and checkpoint it)."""
+
+    step: jax.Array  # int32: steps completed
+    key: jax.Array  # PRNG key for the next step
+    policy: nnx.State
+    policy_opt: Any
+    critic: nnx.State | None
+    critic_opt: Any
+    reference: nnx.State | None  # frozen initial policy, only when the KL coefficient is set
+    empty_streak: jax.Array  # int32: consecutive steps whose filter kept nothing
+    diagnostics: Any  # DiagnosticsState (EMA of std(marginal), collapse alarm), or None
+
+
+@struct.dataclass
+class Batch:
+    """The update's view of a rollout: rows [B], generated slots [B, K]."""
+
+    tokens: jax.Array  # int32[B, S] whole buffer
+    mask: jax.Array  # bool[B, S]
+    query: jax.Array  # int32[B, K] slot whose output predicts each generated token
+    targets: jax.Array  # int32[B, K]
+    loss_mask: jax.Array  # bool[B, K]
+    old_logprobs: jax.Array  # f32[B, K]
+    rewards: jax.Array  # f32[B, K] the episode reward on the last generated token
+    advantages: jax.Array  # f32[B, K]
+    returns: jax.Array  # f32[B, K] (critic targets; 0 without a critic)
+    old_values: jax.Array  # f32[B, K]
+
+
+def generated_slots(traj: Trajectories, gen_len: int) -> np.ndarray:
+    """Static slot indices of every turn's generation window, K = turns × gen_len."""
+    return np.concatenate([np.arange(o, o + gen_len) for o in traj.turn_offsets]).astype(np.int32)
+
+
+def previous_valid_slot(mask: jax.Array) -> jax.Array:
+    """int32[B, S]: the last valid slot strictly before each slot (0 when there is none)."""
+    slots = jnp.arange(mask.shape[1], dtype=jnp.int32)
+    last = jax.lax.cummax(jnp.where(mask, slots, -1), axis=1)
+    return jnp.maximum(jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1), 0)
+
+
+def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
+    slots = generated_slots(traj, gen_len)
+    take = lambda a: a[:, slots]
+    zeros = jnp.zeros(traj.tokens.shape[:1] + slots.shape, jnp.float32)
+    return Batch(tokens=traj.tokens, mask=traj.mask, query=take(previous_valid_slot(traj.mask)),
+                 targets=take(traj.tokens), loss_mask=take(traj.loss_mask), old_logprobs=take(traj.logprobs),
+                 rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros)
+
+
+# ----------------------------------------------------------------------------- forwards
+
+
+def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
+    """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
+    policy at the sampling temperature (what the sampler's recorded log-probs measure)."""
+    hidden, _ = model(batch.tokens, positions_from_mask(batch.mask), batch.mask)
+    picked = jnp.take_along_axis(hidden, batch.query[..., None], axis=1)
+    if temperature != 1.0:
+        picked = picked / jnp.asarray(temperature, picked.dtype)  # logits / T
+    return token_logprobs(model, picked, batch.targets, with_entropy=True)
+
+
+def critic_values(critic: ValueModel, batch: Batch) -> jax.Array:
+    """V [b, K] at each generated token, read from the slot that predicts it (as verl)."""
+    hidden, _ = critic.backbone(batch.tokens, positions_from_mask(batch.mask), batch.mask)
+    return critic.values(jnp.take_along_axis(hidden, batch.query[..., None], axis=1))
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """Holds the static parts (model structure, env, text tables, config, mesh) and the
+    compiled `step`. All changing values live in `TrainState`."""
+
+    def __init__(self, config: StepConfig, policy: Qwen2, env: Environment, env_params: Any, codec: TextCodec,
+                 prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None):
+        self.config, self.env, self.env_params, self.codec, self.prompt, self.mesh = (
+            config, env, env_params, codec, prompt, mesh)
+        self.policy_graph = nnx.graphdef(policy)
+        self.critic_graph = None
+        if config.algo.uses_critic:
+            self.critic_graph = nnx.graphdef(nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0))))
+        self.actor_tx = optimizer(config.algo.actor_lr, config.algo)
+        self.critic_tx = optimizer(config.algo.critic_lr, config.algo)
+        shards = sharding.row_shards(mesh)
+        for name, size in (("rollout batch (num_groups × group_size)", config.rollout.batch),
+                           ("algo.mini_batch_size", config.algo.mini_batch_size)):
+            if size % shards:
+                raise ValueError(f"{name}={size} must be divisible by the mesh's data×fsdp size {shards}")
+        self.rows = sharding.rows_constraint(mesh)
+        self.step = self._compile(self._step)
+        self.update = self._compile(self._update)
+
+    # ------------------------------------------------------------------ state
+
+    def init_state(self, key: jax.Array, policy: Qwen2, critic: ValueModel | None = None) -> TrainState:
+        """A fresh state: the policy's weights, a critic copied from them (PPO), the frozen
+        reference (KL only), optimiser states, and on a mesh everything placed by its rules."""
+        algo = self.config.algo
+        # Copies: the compiled step donates the state's buffers, the caller keeps its model.
+        policy_state = jax.tree.map(jnp.copy, nnx.state(policy))
+        critic_state = None
+        if algo.uses_critic:
+            critic_state = (nnx.state(critic_from_policy(policy)) if critic is None
+                            else jax.tree.map(jnp.copy, nnx.state(critic)))
+        reference = jax.tree.map(jnp.copy, policy_state) if algo.uses_reference else None
+        diagnostics = None
+        if self.config.diagnostics is not None:
+            from ragen_jax.diagnostics.diagnose import DiagnosticsState
+
+            diagnostics = DiagnosticsState.create()
+        if self.mesh is not None:
+            place = lambda s: None if s is None else jax.device_put(s, sharding.module_shardings(s, self.mesh))
+            policy_state, critic_state, reference = place(policy_state), place(critic_state), place(reference)
+        init_opt = lambda tx, params: None if params is None else jax.jit(tx.init)(params)
+        state = TrainState(
+            step=jnp.int32(0), key=key, policy=policy_state, policy_opt=init_opt(self.actor_tx, policy_state),
+            critic=critic_state, critic_opt=init_opt(self.critic_tx, critic_state), reference=reference,
+            empty_streak=jnp.int32(0), diagnostics=diagnostics,
+        )
+        if self.mesh is not None:  # scalars and keys replicated; optimiser moments follow their params
+            rep = sharding.replicated(self.mesh)
+            state = jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
+                                 else jax.device_put(x, rep), state)
+        return state
+
+    def _compile(self, fn):
+        if self.mesh is None:
+            return jax.jit(fn, donate_argnums=0)
+
+        def compiled(state, *args):
+            if not hasattr(compiled, "jitted"):
+                shardings = jax.tree.map(lambda x: x.sharding, state)
+                compiled.jitted = jax.jit(fn, donate_argnums=0,
+                                          out_shardings=(shardings, sharding.replicated(self.mesh)))
+            return compiled.jitted(state, *args)
+
+        return compiled
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, state: TrainState):
+        cfg = self.config
+        key, k_rollout, k_update, k_diag = jax.random.split(state.key, 4)
+        policy = nnx.merge(self.policy_graph, state.policy)
+
+        # 1. rollout
+        traj = rollout(k_rollout, model_policy(policy, self.codec, self.prompt, cfg.rollout), self.env,
+                       self.env_params, self.codec, self.prompt, cfg.rollout, shard_rows=self.rows)
+        metrics = rollout_metrics(traj)
+
+        # 2. diagnostics on the current policy, before filtering
+        diagnostics = state.diagnostics
+        if cfg.diagnostics is not None:
+            mi, diagnostics = self._diagnostics(policy, traj, k_diag, state)
+            metrics.update(mi)
+
+        # 3-5. filter, advantages, update (shared with `update`, which takes a fixed batch)
+        state, update_metrics = self._update(state.replace(key=key, diagnostics=diagnostics), traj, k_update)
+        return state, {**metrics, **update_metrics}
+
+    def _diagnostics(self, policy, traj, key, state):
+        from ragen_jax.diagnostics.diagnose import diagnose
+
+        step = state.step + 1  # 1-based index of the step being run
+        run = (step == 1) | (step % self.config.diagnostics.compute_freq == 0)
+        compute = lambda: diagnose(policy, traj, key, self.config.diagnostics, state.diagnostics)
+        shapes = jax.eval_shape(compute)[0]
+        skip = lambda: ({k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in shapes.items()}, state.diagnostics)
+        return jax.lax.cond(run, compute, skip)
+
+    def _update(self, state: TrainState, traj: Trajectories, key: jax.Array):
+        """Filter → advantages → minibatch updates over the kept groups; returns the new
+        state (step + 1) and the update's metrics. Also callable on a fixed batch."""
+        cfg, algo, rcfg = self.config, self.config.algo, self.config.rollout
+        groups, members = rcfg.num_groups, rcfg.group_size
+        batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+
+        # SNR-aware filter: whole groups kept or dropped
+        token_entropy = token_mask = None
+        if cfg.filter.metric == "entropy":  # costs one extra forward over the whole batch
+            token_entropy = self._token_entropy(state.policy, batch).reshape(groups, members, -1)
+            token_mask = batch.loss_mask.reshape(groups, members, -1)
+        keep, scale, metrics = filtering.filter_groups(
+            cfg.filter, key, traj.episode_reward.reshape(groups, members), traj.success.reshape(groups, members),
+            token_entropy, token_mask)
+        kept_rows = keep.sum() * members
+
+        # Kept groups first; rows beyond `kept_rows` are padding in the last minibatch.
+        group_order = filtering.kept_first(keep)
+        row_order = (group_order[:, None] * members + jnp.arange(members)[None, :]).reshape(-1)
+        batch = self.rows(jax.tree.map(lambda a: a[row_order], batch))
+        episode_reward = traj.episode_reward[row_order]
+        row_valid = jnp.arange(rcfg.batch) < kept_rows
+        batch = batch.replace(loss_mask=batch.loss_mask & row_valid[:, None])
+
+        mb = algo.mini_batch_size
+        num_minibatches = (kept_rows + mb - 1) // mb
+        split = lambda a: a.reshape((rcfg.batch // mb, mb) + a.shape[1:])
+        minibatch = lambda b, i: jax.tree.map(lambda a: split(a)[i], b)
+
+        # advantages
+        if algo.uses_critic:
+            critic_model = lambda params: nnx.merge(self.critic_graph, params)
+            values = jnp.zeros_like(batch.rewards)
+
+            def value_pass(i, values):
+                v = critic_values(critic_model(state.critic), minibatch(batch, i))
+                return split(values).at[i].set(v).reshape(values.shape)
+
+            values = jax.lax.fori_loop(0, num_minibatches, value_pass, values)
+            advantages, returns = adv.gae(batch.rewards, values, batch.loss_mask, algo.gamma, algo.lam)
+            batch = batch.replace(advantages=advantages, returns=returns, old_values=values)
+        else:
+            sorted_groups = episode_reward.reshape(groups, members)
+            per_row = adv.group_advantages(sorted_groups, normalise_std=algo.advantage == "grpo").reshape(-1)
+            batch = batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
+
+        # minibatch updates: a loop whose trip count depends on how many groups were kept
+        temperature = rcfg.sampling.temperature or 1.0
+        zero_stats = {name: jnp.float32(0.0) for name in UPDATE_STATS}
+
+        def one_update(i, carry):
+            params, opt, critic, critic_opt, totals = carry
+            mbatch = minibatch(batch, i % num_minibatches)
+            params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature)
+            if algo.uses_critic:
+                critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch)
+                stats.update(critic_stats)
+            totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
+            return params, opt, critic, critic_opt, totals
+
+        iterations = num_minibatches * algo.epochs
+        params, opt, critic, critic_opt, totals = jax.lax.fori_loop(
+            0, iterations, one_update, (state.policy, state.policy_opt, state.critic, state.critic_opt, zero_stats))
+
+        denominator = jnp.maximum(iterations, 1).astype(jnp.float32)
+        metrics.update({k: jnp.where(iterations > 0, v / denominator, jnp.nan) for k, v in totals.items()})
+        metrics.update({
+            "update/minibatches": iterations.astype(jnp.float32),
+            "update/kept_rows": kept_rows.astype(jnp.float32),
+            "update/loss_scale": scale,
+            "update/advantage_mean": adv.masked_mean(batch.advantages, batch.loss_mask),
+        })
+        if algo.uses_critic:
+            metrics["critic/return_mean"] = adv.masked_mean(batch.returns, batch.loss_mask)
+            metrics["critic/value_mean"] = adv.masked_mean(batch.old_values, batch.loss_mask)
+        empty = keep.sum() == 0
+        new_state = state.replace(step=state.step + 1, policy=params, policy_opt=opt, critic=critic,
+                                  critic_opt=critic_opt, empty_streak=jnp.where(empty, state.empty_streak + 1, 0))
+        metrics["filter/empty_streak"] = new_state.empty_streak.astype(jnp.float32)
+        return new_state, metrics
+
+    def _token_entropy(self, params, batch: Batch) -> jax.Array:
+        """Policy entropy [B, K] at every generated slot, one minibatch at a time."""
+        mb = self.config.algo.mini_batch_size
+        model = nnx.merge(self.policy_graph, params)
+        temperature = self.config.rollout.sampling.temperature or 1.0
+        chunks = jax.tree.map(lambda a: a.reshape((a.shape[0] // mb, mb) + a.shape[1:]), batch)
+        entropy = jax.lax.map(lambda b: policy_logprobs(model, b, temperature)[1], chunks)
+        return entropy.reshape(batch.loss_mask.shape)
+
+    # ------------------------------------------------------------------ optimiser steps
+
+    def _micro_batches(self, mbatch: Batch) -> Batch:
+        micro = self.config.algo.micro_batch
+        return jax.tree.map(lambda a: a.reshape((a.shape[0] // micro, micro) + a.shape[1:]), mbatch)
+
+    def _accumulate(self, loss_fn, params, mbatch: Batch):
+        """Sum of (loss, aux, grads) over micro-batches; the losses use the whole minibatch's
+        normaliser, so the sum is the minibatch loss whatever the micro-batch size."""
+        micro = self._micro_batches(mbatch)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def body(acc, one):
+            (loss, aux), grads = grad_fn(params, one)
+            return jax.tree.map(jnp.add, acc, (loss, aux, grads)), None
+
+        (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, aux, grads))
+        (loss, aux, grads), _ = jax.lax.scan(body, zeros, micro)
+        return loss, aux, grads
+
+    def _actor_update(self, params, opt, reference, mbatch: Batch, scale, temperature):
+        algo = self.config.algo
+        normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
+        token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
+
+        def loss_fn(p, b: Batch):
+            model = nnx.merge(self.policy_graph, p)
+            logp, entropy = policy_logprobs(model, b, temperature)
+            pg, clipped = losses.policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
+                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                             dual_clip=algo.dual_clip, aggregation=algo.aggregation,
+                                             normaliser=normaliser)
+            ent = losses.aggregate(entropy, b.loss_mask, algo.aggregation, normaliser)
+            total = scale * pg - algo.entropy_coef * ent
+            kl = jnp.float32(0.0)
+            if algo.uses_reference:
+                ref_logp, _ = policy_logprobs(nnx.merge(self.policy_graph, reference), b, temperature)
+                kl = losses.aggregate(losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), algo.kl_estimator),
+                                      b.loss_mask, algo.aggregation, normaliser)
+                total = total + algo.kl_coef * kl
+            # token-weighted sums so the accumulated totals are minibatch means
+            weight = b.loss_mask.sum() / token_count
+            approx_kl = jnp.sum(jnp.where(b.loss_mask, b.old_logprobs - logp, 0.0)) / token_count
+            aux = {"actor/pg_loss": pg, "actor/entropy": ent, "actor/kl": kl, "actor/clip_frac": clipped * weight,
+                   "actor/approx_kl": approx_kl}
+            return total, aux
+
+        loss, aux, grads = self._accumulate(loss_fn, params, mbatch)
+        updates, opt = self.actor_tx.update(grads, opt, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads)}
+
+    def _critic_update(self, params, opt, mbatch: Batch):
+        algo = self.config.algo
+        normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
+
+        def loss_fn(p, b: Batch):
+            values = critic_values(nnx.merge(self.critic_graph, p), b)
+            loss = losses.value_loss(values, b.old_values, b.returns, b.loss_mask, clip=algo.value_clip,
+                                     normaliser=normaliser)
+            return loss, {}
+
+        loss, _, grads = self._accumulate(loss_fn, params, mbatch)
+        updates, opt = self.critic_tx.update(grads, opt, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
+
+
+UPDATE_STATS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/kl", "actor/clip_frac", "actor/approx_kl",
+                "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+
+
+def rollout_metrics(traj: Trajectories) -> dict[str, jax.Array]:
+    """What the rollout achieved: success, return, valid-action rate, lengths."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    turns = f32(traj.turn_active.sum())
+    return {
+        "rollout/success": f32(traj.success).mean(),
+        "rollout/return": f32(traj.episode_reward).mean(),
+        "rollout/valid_action_rate": f32(traj.turn_valid.sum()) / jnp.maximum(turns, 1.0),
+        "rollout/actions": f32(traj.num_actions).mean(),
+        "rollout/turns": f32(traj.turn_active.sum(axis=1)).mean(),
+        "rollout/response_length": f32(traj.gen_lengths.sum()) / jnp.maximum(turns, 1.0),
+        "rollout/reasoning_length": f32(traj.reasoning_lengths.sum()) / jnp.maximum(turns, 1.0),
+    }

@@ -227,7 +227,8 @@ class Trainer:
 
         step = state.step + 1  # 1-based index of the step being run
         run = (step == 1) | (step % self.config.diagnostics.compute_freq == 0)
-        compute = lambda: diagnose(policy, traj, key, self.config.diagnostics, state.diagnostics)
+        compute = lambda: diagnose(policy, traj, key, self.config.diagnostics, state.diagnostics,
+                                   group_size=self.config.rollout.group_size)
         shapes = jax.eval_shape(compute)[0]
         skip = lambda: ({k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in shapes.items()}, state.diagnostics)
         return jax.lax.cond(run, compute, skip)

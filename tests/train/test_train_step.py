@@ -211,3 +211,29 @@ def test_presets_select_the_recipes():
 def test_invalid_settings_name_the_key(make, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         make()
+
+
+# ----------------------------------------------------------------------------- diagnostics wiring
+
+
+def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
+    """MI metrics are computed at steps 1, 2, 4 (compute_freq 2) and NaN in between; the
+    diagnostics state (EMA, alarm) is carried in the train state."""
+    from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState
+
+    env, params, codec, prompt, model = setup
+    small = dataclasses.replace(ROLLOUT, num_groups=2, max_turns=1, max_new_tokens=8)
+    config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
+                        algo=AlgoConfig.preset("grpo", mini_batch_size=4),
+                        diagnostics=DiagnosticsConfig(compute_freq=2, num_samples=4, per_turn_samples=2))
+    tr = Trainer(config, model, env, params, codec, prompt)
+    state = tr.init_state(jax.random.key(0), model)
+    assert isinstance(state.diagnostics, DiagnosticsState)
+    computed = []
+    for _ in range(4):
+        state, metrics = tr.step(state)
+        mi = [float(v) for k, v in metrics.items() if k.startswith("mi/")]
+        assert mi and (all(np.isfinite(mi)) or all(np.isnan(mi)))
+        computed.append(bool(np.isfinite(mi[0])))
+        assert np.isfinite(float(metrics["rollout/success"]))
+    assert computed == [True, True, False, True]

@@ -1,0 +1,103 @@
+"""Cross-scoring straight from rollout buffers: one prefill serves every pair set.
+
+`cross_score` prefills one prompt array per pair set. Inside the train step the prompts are
+all prefixes of the rollout buffers: turn t's prompt of trajectory b is row b before
+`turn_offsets[t]`, and a causal model's keys/values of a prefix do not depend on what comes
+after it. So `prefill_buffers` runs the model once over the batch's buffers, and every
+prompt of every set (first turn, trajectory, each turn index, and the [x, z] prefixes of
+action grounding) is a (cache row, end slot) pair read from that one cache: its slots are the
+row's valid slots before `end`.
+
+`score_continuations` then scores continuations under such prompts. The prompt's last token
+is fed again in front of the continuation (its cached slot is masked out), so the hidden state
+that predicts the continuation's first token comes out of the same forward — no logits need to
+be kept from the prefill. Columns are processed one at a time (`lax.scan`); each row may have
+its own column list (`columns[i, c]`), which covers both the cross product of SPEC §5 and the
+per-group reasoning swaps of action grounding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, token_logprobs
+
+
+def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8) -> KVCache:
+    """Keys/values of whole buffers tokens/mask [R, L] (holes skipped, RoPE over valid slots),
+    `block_rows` rows per forward (the attention scores of a forward are rows × L × L)."""
+    rows, length = tokens.shape
+    block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
+    mask = mask.astype(bool)
+
+    def one(args):
+        ids, valid = args
+        cache = init_cache(model.cfg, block, length)
+        _, cache = model(ids, positions_from_mask(valid), valid, cache, 0)
+        return cache.k, cache.v
+
+    shape = (rows // block, block, length)
+    k, v = jax.lax.map(one, (tokens.reshape(shape), mask.reshape(shape)))  # [blocks, layers, block, ...]
+    merge = lambda a: jnp.moveaxis(a, 0, 1).reshape((a.shape[1], rows) + a.shape[3:])
+    return KVCache(merge(k), merge(v), mask)
+
+
+def score_continuations(
+    model: Qwen2,
+    cache: KVCache,
+    tokens: jax.Array,
+    prompt_width: int,
+    columns: jax.Array,
+    ends: jax.Array,
+    cont: jax.Array,
+    cont_mask: jax.Array,
+    own_column: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """log p(cont[i, t] | prompt of column c, cont[i, <t]) for every row i and column slot c.
+
+    cache / tokens: the prefilled buffers ([layers, R, kv_heads, L, head_dim], ids [R, L]).
+    columns, ends: int32[M, C]: row i's column c is cache row `columns[i, c]`, valid slots
+    before `ends[i, c]` (all below the static `prompt_width` ≤ L). cont, cont_mask [M, W]:
+    left-aligned continuations (holes only after the last valid token).
+    Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
+    the full-distribution entropy [M, W] at each row's own column (else None).
+    """
+    num_rows, width = cont.shape
+    cont_mask = cont_mask.astype(bool)
+    k = cache.k[:, :, :, :prompt_width]
+    v = cache.v[:, :, :, :prompt_width]
+    prompt_valid = cache.mask[:, :prompt_width]
+    prompt_ids = tokens[:, :prompt_width]
+    slots = jnp.arange(prompt_width)[None, :]
+    grow = ((0, 0), (0, 0), (0, 0), (0, width + 1), (0, 0))
+    want_entropy = own_column is not None
+
+    def step(entropy, c):
+        rows, end = columns[:, c], ends[:, c]
+        valid = prompt_valid[rows] & (slots < end[:, None])
+        last = jnp.max(jnp.where(valid, slots, -1), axis=1)  # the prompt's last token (-1: empty)
+        last_id = prompt_ids[rows, jnp.maximum(last, 0)]
+        before = valid & (slots < last[:, None])  # the cached prefix; the last token is re-fed
+        column = KVCache(jnp.pad(k[:, rows], grow), jnp.pad(v[:, rows], grow),
+                         jnp.pad(before, ((0, 0), (0, width + 1))))
+        chunk = jnp.concatenate([last_id[:, None], cont], axis=1)
+        chunk_mask = jnp.concatenate([(last >= 0)[:, None], cont_mask], axis=1)
+        positions = positions_from_mask(chunk_mask, before.sum(axis=1))
+        hidden, _ = model(chunk, positions, chunk_mask, column, prompt_width)
+        if want_entropy:
+            logp, ent = token_logprobs(model, hidden[:, :-1], cont, with_entropy=True)
+            entropy = entropy + jnp.where((own_column == c)[:, None], ent, 0.0)
+        else:
+            logp = token_logprobs(model, hidden[:, :-1], cont)
+        return entropy, jnp.where(cont_mask, logp, 0.0)
+
+    entropy, logp = jax.lax.scan(step, jnp.zeros((num_rows, width), jnp.float32), jnp.arange(columns.shape[1]))
+    return jnp.moveaxis(logp, 0, 1), (entropy if want_entropy else None)
+
+
+def mean_and_sum(logp: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(L, Ls) [M, C] from log-probs [M, C, W]: token mean and token sum over `mask` [M, W]."""
+    sums = jnp.sum(jnp.where(mask[:, None, :], logp, 0.0), axis=-1)
+    lengths = mask.sum(axis=1, keepdims=True).astype(jnp.float32)
+    return sums / jnp.maximum(lengths, 1.0), sums

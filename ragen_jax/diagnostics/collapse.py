@@ -1,0 +1,78 @@
+"""The collapse alarm (SPEC §6): MI falls while entropy does not.
+
+Template collapse is invisible to the usual entropy monitor: the reasoning stays as varied
+token by token, it just stops depending on the input. So the alarm fires when MI-ZScore-EMA
+has fallen by at least `drop_fraction` of its running peak while the token-level reasoning
+entropy has not fallen by more than `entropy_tolerance` (relative) from its value at that peak:
+
+    alarm = peak > 0  and  mi <= (1 - drop_fraction) * peak
+            and  entropy >= (1 - entropy_tolerance) * entropy_at_peak
+
+A falling entropy alongside falling MI is ordinary convergence (the policy got sure of
+itself), not an alarm. The peak and the entropy at it are updated *before* the test (a new
+peak never alarms), and a non-positive peak never alarms (there is no fraction of it to lose).
+Steps that are not `observed` (no valid reasoning sample) leave the state alone and never alarm.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class CollapseState:
+    """Running peak of MI-ZScore-EMA and the reasoning entropy measured at that peak."""
+
+    peak: jax.Array  # f32
+    entropy_at_peak: jax.Array  # f32
+    seen: jax.Array  # bool: at least one observed step
+
+    @classmethod
+    def create(cls) -> "CollapseState":
+        return cls(jnp.float32(0.0), jnp.float32(0.0), jnp.bool_(False))
+
+
+def update(
+    state: CollapseState,
+    mi_zscore_ema,
+    entropy,
+    drop_fraction,
+    entropy_tolerance,
+    observed=True,
+) -> tuple[CollapseState, jax.Array]:
+    """Fold one diagnostic step in; returns (state, alarm: bool scalar). Pure jnp, jittable."""
+    mi = jnp.asarray(mi_zscore_ema, jnp.float32)
+    entropy = jnp.asarray(entropy, jnp.float32)
+    observed = jnp.asarray(observed, bool)
+    drop = jnp.asarray(drop_fraction, jnp.float32)
+    tolerance = jnp.asarray(entropy_tolerance, jnp.float32)
+
+    new_peak = ~state.seen | (mi > state.peak)
+    peak = jnp.where(new_peak, mi, state.peak)
+    entropy_at_peak = jnp.where(new_peak, entropy, state.entropy_at_peak)
+    dropped = (peak > 0) & (mi <= (1.0 - drop) * peak)
+    flat = entropy >= (1.0 - tolerance) * entropy_at_peak
+    alarm = observed & dropped & flat
+
+    keep = lambda new, old: jnp.where(observed, new, old)
+    state = CollapseState(
+        peak=keep(peak, state.peak),
+        entropy_at_peak=keep(entropy_at_peak, state.entropy_at_peak),
+        seen=state.seen | observed,
+    )
+    return state, alarm
+
+
+def collapse_warning(metrics: dict, prefix: str = "mi/") -> str | None:
+    """For a host loop: the warning to log when a step's metrics raised the alarm, else None."""
+    alarm = metrics.get(f"{prefix}collapse_alarm")
+    if alarm is None or not float(alarm) > 0:  # NaN (a step without diagnostics) is no alarm
+        return None
+    current = float(metrics.get(f"{prefix}first_turn/mi_zscore_ema", float("nan")))
+    peak = float(metrics.get(f"{prefix}collapse_peak", float("nan")))
+    entropy = float(metrics.get(f"{prefix}first_turn/reasoning_token_entropy", float("nan")))
+    return (f"possible template collapse: MI-ZScore-EMA {current:.3f} fell from its peak {peak:.3f} "
+            f"while the reasoning entropy stays at {entropy:.3f}; the reasoning may no longer depend "
+            f"on the input")

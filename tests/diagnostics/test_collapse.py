@@ -1,0 +1,79 @@
+"""The collapse alarm against a plain Python loop over the same sequence of diagnostic steps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragen_jax.diagnostics.collapse import CollapseState, collapse_warning, update
+
+f32 = np.float32
+
+
+def reference(steps, drop, tolerance):
+    """SPEC §6 read literally: alarm when MI-ZScore-EMA is at least `drop` of its running peak
+    below that peak while the entropy is within `tolerance` (relative) of its value at the peak."""
+    peak = entropy_at_peak = None
+    alarms = []
+    for mi, entropy, observed in steps:
+        mi, entropy = f32(mi), f32(entropy)
+        if not observed:
+            alarms.append(False)
+            continue
+        if peak is None or mi > peak:
+            peak, entropy_at_peak = mi, entropy
+        fell = peak > 0 and mi <= (f32(1) - f32(drop)) * peak
+        flat = entropy >= (f32(1) - f32(tolerance)) * entropy_at_peak
+        alarms.append(bool(fell and flat))
+    return alarms
+
+
+@jax.jit
+def run(mi, entropy, observed, drop, tolerance):
+    def step(state, x):
+        mi_t, entropy_t, observed_t = x
+        return update(state, mi_t, entropy_t, drop, tolerance, observed=observed_t)
+
+    return jax.lax.scan(step, CollapseState.create(), (mi, entropy, observed))
+
+
+values = st.floats(-3, 6, allow_nan=False, width=32)
+steps = st.lists(st.tuples(values, st.floats(0, 5, width=32), st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32), tolerance=st.floats(0.0, 1.0, width=32))
+def test_alarm_matches_python_loop(steps, drop, tolerance):
+    pad = 12 - len(steps)  # one compiled shape: unobserved padding at the end changes nothing
+    mi, entropy, observed = (np.array([s[k] for s in steps] + [0] * pad) for k in range(3))
+    _, alarms = run(jnp.asarray(mi, jnp.float32), jnp.asarray(entropy, jnp.float32),
+                    jnp.asarray(observed, bool), f32(drop), f32(tolerance))
+    assert np.asarray(alarms)[: len(steps)].tolist() == reference(steps, drop, tolerance)
+    assert not np.asarray(alarms)[len(steps):].any()
+
+
+def test_known_cases():
+    drop, tol = 0.5, 0.1
+    # MI rises to a peak of 4, then falls to 1.5 with the entropy flat: alarm on the fall only
+    mi = jnp.array([1.0, 4.0, 3.0, 1.5, 1.5], jnp.float32)
+    flat = jnp.full(5, 2.0, jnp.float32)
+    state, alarms = run(mi, flat, jnp.ones(5, bool), drop, tol)
+    assert np.asarray(alarms).tolist() == [False, False, False, True, True]
+    assert float(state.peak) == 4.0 and float(state.entropy_at_peak) == 2.0
+    # the same MI fall with the entropy falling too (ordinary convergence): no alarm
+    falling = jnp.array([2.0, 2.0, 1.5, 1.0, 0.5], jnp.float32)
+    _, alarms = run(mi, falling, jnp.ones(5, bool), drop, tol)
+    assert not np.asarray(alarms).any()
+    # never above zero: no alarm
+    _, alarms = run(-mi, flat, jnp.ones(5, bool), drop, tol)
+    assert not np.asarray(alarms).any()
+
+
+def test_warning_text():
+    assert collapse_warning({"mi/collapse_alarm": np.float32(0)}) is None
+    assert collapse_warning({"mi/collapse_alarm": np.float32(np.nan)}) is None
+    assert collapse_warning({}) is None
+    message = collapse_warning({"mi/collapse_alarm": 1.0, "mi/first_turn/mi_zscore_ema": 0.5,
+                                "mi/collapse_peak": 2.0, "mi/first_turn/reasoning_token_entropy": 1.2})
+    assert "collapse" in message and "0.500" in message and "2.000" in message

@@ -11,29 +11,23 @@ In order, all inside XLA (DESIGN, "the one idea"):
    ceil(kept rows / minibatch) × epochs optimiser steps — a `while_loop` with a
    data-dependent bound, so dropping groups saves update compute (DESIGN decision 4).
 
-Token layout. The rollout buffer `[B, S]` has holes; the loss only concerns generated slots.
-Those sit at static offsets (`turn_offsets[t] + i`), so the update works on a compact
-`[B, K]` view, K = turns × max_new_tokens: for each generated slot its token, the slot that
-predicts it (the last valid slot before it), its loss mask, sampling-time log-prob and
-reward. The training forward runs over the whole buffer once and projects to the vocabulary
-only at those K positions.
+The update works on the compact generated-slot view of the rollout (`ragen_jax.batch`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx, struct
 
 from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
-from ragen_jax.models.qwen2 import Qwen2, positions_from_mask, token_logprobs
+from ragen_jax.batch import Batch, batch_from_trajectories, critic_values, policy_logprobs
+from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
@@ -51,10 +45,21 @@ class StepConfig:
     filter: filtering.FilterConfig = filtering.FilterConfig()
     algo: AlgoConfig = AlgoConfig.preset("ppo")
     diagnostics: Any = None  # a diagnostics.diagnose.DiagnosticsConfig, or None for no MI metrics
+    # Gradient analysis (SPEC §5, off by default): task vs regularisation gradient norms in
+    # this many reward-std quantile buckets (the paper uses 6), on the diagnostics' schedule
+    # (step 1 and every compute_freq steps; every 5 steps without a diagnostics config).
+    grad_buckets: int = 0
 
     def __post_init__(self):
         self.filter.check_group_size(self.rollout.group_size)
         self.algo.check_batch(self.rollout.batch, self.rollout.group_size)
+        if self.grad_buckets < 0 or (self.grad_buckets and self.rollout.group_size < 2):
+            raise ValueError(f"grad_buckets={self.grad_buckets} must be >= 0, and > 0 only with "
+                             f"rollout.group_size >= 2 (got {self.rollout.group_size})")
+
+    @property
+    def compute_freq(self) -> int:
+        return self.diagnostics.compute_freq if self.diagnostics is not None else 5
 
 
 @struct.dataclass
@@ -70,62 +75,6 @@ class TrainState:
     reference: nnx.State | None  # frozen initial policy, only when the KL coefficient is set
     empty_streak: jax.Array  # int32: consecutive steps whose filter kept nothing
     diagnostics: Any  # DiagnosticsState (EMA of std(marginal), collapse alarm), or None
-
-
-@struct.dataclass
-class Batch:
-    """The update's view of a rollout: rows [B], generated slots [B, K]."""
-
-    tokens: jax.Array  # int32[B, S] whole buffer
-    mask: jax.Array  # bool[B, S]
-    query: jax.Array  # int32[B, K] slot whose output predicts each generated token
-    targets: jax.Array  # int32[B, K]
-    loss_mask: jax.Array  # bool[B, K]
-    old_logprobs: jax.Array  # f32[B, K]
-    rewards: jax.Array  # f32[B, K] the episode reward on the last generated token
-    advantages: jax.Array  # f32[B, K]
-    returns: jax.Array  # f32[B, K] (critic targets; 0 without a critic)
-    old_values: jax.Array  # f32[B, K]
-
-
-def generated_slots(traj: Trajectories, gen_len: int) -> np.ndarray:
-    """Static slot indices of every turn's generation window, K = turns × gen_len."""
-    return np.concatenate([np.arange(o, o + gen_len) for o in traj.turn_offsets]).astype(np.int32)
-
-
-def previous_valid_slot(mask: jax.Array) -> jax.Array:
-    """int32[B, S]: the last valid slot strictly before each slot (0 when there is none)."""
-    slots = jnp.arange(mask.shape[1], dtype=jnp.int32)
-    last = jax.lax.cummax(jnp.where(mask, slots, -1), axis=1)
-    return jnp.maximum(jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1), 0)
-
-
-def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
-    slots = generated_slots(traj, gen_len)
-    take = lambda a: a[:, slots]
-    zeros = jnp.zeros(traj.tokens.shape[:1] + slots.shape, jnp.float32)
-    return Batch(tokens=traj.tokens, mask=traj.mask, query=take(previous_valid_slot(traj.mask)),
-                 targets=take(traj.tokens), loss_mask=take(traj.loss_mask), old_logprobs=take(traj.logprobs),
-                 rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros)
-
-
-# ----------------------------------------------------------------------------- forwards
-
-
-def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
-    """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
-    policy at the sampling temperature (what the sampler's recorded log-probs measure)."""
-    hidden, _ = model(batch.tokens, positions_from_mask(batch.mask), batch.mask)
-    picked = jnp.take_along_axis(hidden, batch.query[..., None], axis=1)
-    if temperature != 1.0:
-        picked = picked / jnp.asarray(temperature, picked.dtype)  # logits / T
-    return token_logprobs(model, picked, batch.targets, with_entropy=True)
-
-
-def critic_values(critic: ValueModel, batch: Batch) -> jax.Array:
-    """V [b, K] at each generated token, read from the slot that predicts it (as verl)."""
-    hidden, _ = critic.backbone(batch.tokens, positions_from_mask(batch.mask), batch.mask)
-    return critic.values(jnp.take_along_axis(hidden, batch.query[..., None], axis=1))
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -217,21 +166,47 @@ class Trainer:
         if cfg.diagnostics is not None:
             mi, diagnostics = self._diagnostics(policy, traj, k_diag, state)
             metrics.update(mi)
+        if cfg.grad_buckets:
+            metrics.update(self._gated(state, lambda: self._grad_analysis(state, traj)))
 
         # 3-5. filter, advantages, update (shared with `update`, which takes a fixed batch)
         state, update_metrics = self._update(state.replace(key=key, diagnostics=diagnostics), traj, k_update)
         return state, {**metrics, **update_metrics}
 
+    def _gated(self, state, compute, carried=None):
+        """Run `compute` (-> metrics dict, or (metrics, carried)) at step 1 and every
+        compute_freq steps; otherwise NaN metrics and `carried` unchanged."""
+        step = state.step + 1  # 1-based index of the step being run
+        run = (step == 1) | (step % self.config.compute_freq == 0)
+        shapes = jax.eval_shape(compute)
+        nan = lambda tree: jax.tree.map(lambda v: jnp.full(v.shape, jnp.nan, v.dtype), tree)
+        skip = (lambda: (nan(shapes[0]), carried)) if isinstance(shapes, tuple) else (lambda: nan(shapes))
+        return jax.lax.cond(run, compute, skip)
+
     def _diagnostics(self, policy, traj, key, state):
         from ragen_jax.diagnostics.diagnose import diagnose
 
-        step = state.step + 1  # 1-based index of the step being run
-        run = (step == 1) | (step % self.config.diagnostics.compute_freq == 0)
         compute = lambda: diagnose(policy, traj, key, self.config.diagnostics, state.diagnostics,
                                    group_size=self.config.rollout.group_size)
-        shapes = jax.eval_shape(compute)[0]
-        skip = lambda: ({k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in shapes.items()}, state.diagnostics)
-        return jax.lax.cond(run, compute, skip)
+        return self._gated(state, compute, state.diagnostics)
+
+    def _grad_analysis(self, state, traj):
+        """Task vs regularisation gradient norms per reward-std bucket, on the whole rollout
+        (before filtering), with this algorithm's advantages and loss settings."""
+        from ragen_jax.diagnostics import grad_analysis
+
+        cfg, algo, rcfg = self.config, self.config.algo, self.config.rollout
+        batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+        batch = self._advantages(state, batch, traj.episode_reward, jnp.int32(rcfg.batch))
+        rewards = traj.episode_reward.reshape(rcfg.num_groups, rcfg.group_size)
+        buckets = grad_analysis.reward_std_buckets(rewards, cfg.grad_buckets)
+        return grad_analysis.gradient_norms(
+            self.policy_graph, state.policy, batch, jnp.arange(rcfg.batch) // rcfg.group_size, buckets,
+            cfg.grad_buckets, entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef,
+            kl_estimator=algo.kl_estimator, reference_params=state.reference,
+            temperature=rcfg.sampling.temperature or 1.0, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip, aggregation=algo.aggregation,
+            rows_per_bucket=grad_analysis.bucket_capacity(rcfg.num_groups, rcfg.group_size, cfg.grad_buckets))
 
     def _update(self, state: TrainState, traj: Trajectories, key: jax.Array):
         """Filter → advantages → minibatch updates over the kept groups; returns the new
@@ -260,25 +235,8 @@ class Trainer:
 
         mb = algo.mini_batch_size
         num_minibatches = (kept_rows + mb - 1) // mb
-        split = lambda a: a.reshape((rcfg.batch // mb, mb) + a.shape[1:])
-        minibatch = lambda b, i: jax.tree.map(lambda a: split(a)[i], b)
-
-        # advantages
-        if algo.uses_critic:
-            critic_model = lambda params: nnx.merge(self.critic_graph, params)
-            values = jnp.zeros_like(batch.rewards)
-
-            def value_pass(i, values):
-                v = critic_values(critic_model(state.critic), minibatch(batch, i))
-                return split(values).at[i].set(v).reshape(values.shape)
-
-            values = jax.lax.fori_loop(0, num_minibatches, value_pass, values)
-            advantages, returns = adv.gae(batch.rewards, values, batch.loss_mask, algo.gamma, algo.lam)
-            batch = batch.replace(advantages=advantages, returns=returns, old_values=values)
-        else:
-            sorted_groups = episode_reward.reshape(groups, members)
-            per_row = adv.group_advantages(sorted_groups, normalise_std=algo.advantage == "grpo").reshape(-1)
-            batch = batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
+        minibatch = lambda b, i: jax.tree.map(lambda a: _split(a, mb)[i], b)
+        batch = self._advantages(state, batch, episode_reward, kept_rows)
 
         # minibatch updates: a loop whose trip count depends on how many groups were kept
         temperature = rcfg.sampling.temperature or 1.0
@@ -320,9 +278,29 @@ class Trainer:
         mb = self.config.algo.mini_batch_size
         model = nnx.merge(self.policy_graph, params)
         temperature = self.config.rollout.sampling.temperature or 1.0
-        chunks = jax.tree.map(lambda a: a.reshape((a.shape[0] // mb, mb) + a.shape[1:]), batch)
+        chunks = jax.tree.map(lambda a: _split(a, mb), batch)
         entropy = jax.lax.map(lambda b: policy_logprobs(model, b, temperature)[1], chunks)
         return entropy.reshape(batch.loss_mask.shape)
+
+    def _advantages(self, state, batch: Batch, episode_reward, rows) -> Batch:
+        """Fill advantages (and, for PPO, old values and returns) for the first `rows` rows
+        (groups whole, in order); the critic runs over those rows only, a minibatch at a time."""
+        algo, rcfg = self.config.algo, self.config.rollout
+        if not algo.uses_critic:
+            rewards = episode_reward.reshape(rcfg.num_groups, rcfg.group_size)
+            per_row = adv.group_advantages(rewards, normalise_std=algo.advantage == "grpo").reshape(-1)
+            return batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
+        mb = algo.mini_batch_size
+        critic = nnx.merge(self.critic_graph, state.critic)
+
+        def value_pass(i, values):
+            v = critic_values(critic, jax.tree.map(lambda a: _split(a, mb)[i], batch))
+            return _split(values, mb).at[i].set(v).reshape(values.shape)
+
+        values = jax.lax.fori_loop(0, (rows + mb - 1) // mb, value_pass, jnp.zeros_like(batch.rewards))
+        mask = batch.loss_mask & (jnp.arange(batch.loss_mask.shape[0]) < rows)[:, None]
+        advantages, returns = adv.gae(batch.rewards, values, mask, algo.gamma, algo.lam)
+        return batch.replace(advantages=advantages, returns=returns, old_values=values)
 
     # ------------------------------------------------------------------ optimiser steps
 
@@ -391,6 +369,11 @@ class Trainer:
         updates, opt = self.critic_tx.update(grads, opt, params)
         params = optax.apply_updates(params, updates)
         return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
+
+
+def _split(a: jax.Array, size: int) -> jax.Array:
+    """[B, ...] -> [B / size, size, ...]: minibatches along the leading axis."""
+    return a.reshape((a.shape[0] // size, size) + a.shape[1:])
 
 
 UPDATE_STATS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/kl", "actor/clip_frac", "actor/approx_kl",

@@ -16,7 +16,8 @@ from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig, model_policy, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
-from ragen_jax.train_step import StepConfig, Trainer, batch_from_trajectories, policy_logprobs, previous_valid_slot
+from ragen_jax.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
+from ragen_jax.train_step import StepConfig, Trainer
 
 ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                         max_new_tokens=16)
@@ -237,3 +238,21 @@ def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
         computed.append(bool(np.isfinite(mi[0])))
         assert np.isfinite(float(metrics["rollout/success"]))
     assert computed == [True, True, False, True]
+
+
+def test_gradient_analysis_runs_in_the_step_on_the_diagnostics_schedule(setup):
+    """grad_buckets > 0 adds per-bucket task/regularisation norms at step 1 (NaN otherwise);
+    the numbers themselves are tested in tests/diagnostics/test_grad_analysis.py."""
+    env, params, codec, prompt, model = setup
+    small = dataclasses.replace(ROLLOUT, max_turns=1, max_new_tokens=8)
+    config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
+                        algo=AlgoConfig.preset("ppo", mini_batch_size=4), grad_buckets=2)
+    tr = Trainer(config, model, env, params, codec, prompt)
+    state = tr.init_state(jax.random.key(0), model)
+    state, first = tr.step(state)
+    state, second = tr.step(state)
+    names = [f"grad/bucket{b}/{m}" for b in range(2) for m in ("task_norm", "reg_norm", "groups")]
+    assert all(np.isfinite(float(first[n])) for n in names)
+    assert float(first["grad/bucket0/groups"]) + float(first["grad/bucket1/groups"]) == 4
+    assert float(first["grad/bucket0/reg_norm"]) > 0
+    assert all(np.isnan(float(second[n])) for n in names)

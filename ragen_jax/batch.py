@@ -1,0 +1,73 @@
+"""The update's view of a rollout: generated slots gathered into compact [B, K] arrays.
+
+The rollout buffer `[B, S]` has holes; the loss only concerns generated slots. Those sit at
+static offsets (`turn_offsets[t] + i`), so the update works on a compact `[B, K]` view,
+K = turns × max_new_tokens: for each generated slot its token, the slot that predicts it (the
+last valid slot before it), its loss mask, sampling-time log-prob and reward. The training
+forward runs over the whole buffer once and projects to the vocabulary only at those K slots.
+Shared by the train step and the gradient analysis.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ragen_jax.models.qwen2 import Qwen2, positions_from_mask, token_logprobs
+from ragen_jax.models.value import ValueModel
+from ragen_jax.rollout import Trajectories
+
+
+@struct.dataclass
+class Batch:
+    """The update's view of a rollout: rows [B], generated slots [B, K]."""
+
+    tokens: jax.Array  # int32[B, S] whole buffer
+    mask: jax.Array  # bool[B, S]
+    query: jax.Array  # int32[B, K] slot whose output predicts each generated token
+    targets: jax.Array  # int32[B, K]
+    loss_mask: jax.Array  # bool[B, K]
+    old_logprobs: jax.Array  # f32[B, K]
+    rewards: jax.Array  # f32[B, K] the episode reward on the last generated token
+    advantages: jax.Array  # f32[B, K]
+    returns: jax.Array  # f32[B, K] (critic targets; 0 without a critic)
+    old_values: jax.Array  # f32[B, K]
+
+
+def generated_slots(traj: Trajectories, gen_len: int) -> np.ndarray:
+    """Static slot indices of every turn's generation window, K = turns × gen_len."""
+    return np.concatenate([np.arange(o, o + gen_len) for o in traj.turn_offsets]).astype(np.int32)
+
+
+def previous_valid_slot(mask: jax.Array) -> jax.Array:
+    """int32[B, S]: the last valid slot strictly before each slot (0 when there is none)."""
+    slots = jnp.arange(mask.shape[1], dtype=jnp.int32)
+    last = jax.lax.cummax(jnp.where(mask, slots, -1), axis=1)
+    return jnp.maximum(jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1), 0)
+
+
+def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
+    slots = generated_slots(traj, gen_len)
+    take = lambda a: a[:, slots]
+    zeros = jnp.zeros(traj.tokens.shape[:1] + slots.shape, jnp.float32)
+    return Batch(tokens=traj.tokens, mask=traj.mask, query=take(previous_valid_slot(traj.mask)),
+                 targets=take(traj.tokens), loss_mask=take(traj.loss_mask), old_logprobs=take(traj.logprobs),
+                 rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros)
+
+
+def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
+    """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
+    policy at the sampling temperature (what the sampler's recorded log-probs measure)."""
+    hidden, _ = model(batch.tokens, positions_from_mask(batch.mask), batch.mask)
+    picked = jnp.take_along_axis(hidden, batch.query[..., None], axis=1)
+    if temperature != 1.0:
+        picked = picked / jnp.asarray(temperature, picked.dtype)  # logits / T
+    return token_logprobs(model, picked, batch.targets, with_entropy=True)
+
+
+def critic_values(critic: ValueModel, batch: Batch) -> jax.Array:
+    """V [b, K] at each generated token, read from the slot that predicts it (as verl)."""
+    hidden, _ = critic.backbone(batch.tokens, positions_from_mask(batch.mask), batch.mask)
+    return critic.values(jnp.take_along_axis(hidden, batch.query[..., None], axis=1))

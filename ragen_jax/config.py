@@ -1,0 +1,271 @@
+"""Run configuration: every key with its default in one place, overrides, validation.
+
+A config file in configs/ defines `get_config()`, which starts from `default_config()` (SPEC
+§3–§5 defaults) and changes what it needs. The command line overrides any key with
+`--config.section.key=value`; the value is parsed as the type of the key's default. Mistakes
+end in one `ConfigError` line naming the key, the value and what is allowed, before anything
+heavy starts (`build` turns the ConfigDict into the frozen dataclasses the code uses, and
+those validate their own ranges).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
+from ragen_jax.envs import registry
+from ragen_jax.models import sampling
+from ragen_jax.models.qwen2 import PRESETS
+from ragen_jax.rl.algorithms import AlgoConfig
+from ragen_jax.rl.filtering import FilterConfig
+from ragen_jax.rollout import RolloutConfig
+from ragen_jax.train_step import StepConfig
+
+PRESET = ""  # algo.advantage / algo.aggregation: "" means "the algorithm preset's"
+# Keys that may change between a run and its resumption (they do not change the numbers).
+RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
+                  "logging.tensorboard", "logging.wandb", "logging.wandb_project", "logging.progress")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration (printed as one line, exit code 2)."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.env = ml_collections.ConfigDict(dict(name="SimpleSokoban", max_steps=0))  # 0: the preset's
+    c.model = ml_collections.ConfigDict(dict(
+        preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
+        path="",  # a local Hugging Face checkpoint directory (config.json + safetensors)
+        init="",  # an orbax policy checkpoint to start from (e.g. written by ragen_jax.sft)
+        dtype="float32", param_dtype="float32", remat=False,
+    ))
+    c.rollout = ml_collections.ConfigDict(dict(
+        num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
+        max_new_tokens=120, format_penalty=-0.1, temperature=1.0, top_p=1.0, top_k=0,
+    ))
+    c.filter = ml_collections.ConfigDict(dict(
+        metric="reward_variance", strategy="top_p", rho=0.9, prob_mode="linear", include_zero=True,
+        loss_scaling="none", bootstrap_fraction=0.0,
+    ))
+    c.algo = ml_collections.ConfigDict(dict(
+        name="ppo", advantage=PRESET, aggregation=PRESET, clip_low=0.2, clip_high=0.28, dual_clip=0.0,
+        entropy_coef=0.001, kl_coef=0.0, kl_estimator="k3", gamma=1.0, lam=1.0, actor_lr=1e-6, critic_lr=1e-5,
+        weight_decay=0.01, grad_clip=1.0, value_clip=0.5, mini_batch_size=32, micro_batch_size=0, epochs=1,
+    ))
+    c.diagnostics = ml_collections.ConfigDict(dict(
+        enabled=True, compute_freq=5, num_samples=64, per_turn=True, per_turn_samples=16, action_grounding=True,
+        answer_tokens=32, alarm_drop=0.5, alarm_entropy_tolerance=0.1, prefill_rows=8, stop_on_alarm=False,
+    ))
+    c.grad_buckets = 0  # reward-std buckets of the gradient analysis (0: off; the paper uses 6)
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
+    c.train = ml_collections.ConfigDict(dict(
+        steps=200, log_every=1, save_every=20, keep_checkpoints=3, val_every=10, resume=True,
+    ))
+    c.eval = ml_collections.ConfigDict(dict(num_envs=32, samples_per_env=1, temperature=0.5, seed=1234))
+    c.early_stop = ml_collections.ConfigDict(dict(
+        empty_batches=5,  # stop after this many filtered-empty steps in a row (0: never)
+        reward_std_collapse=5,  # ... after this many steps with zero in-group reward std everywhere (0: never)
+        val_success_below=0.01, val_patience=5,  # ... when validation success < this for this many validations
+    ))
+    c.logging = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="ragen_jax",
+                                              progress=True))
+    return c
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """Run a config file's `get_config()`."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location("_ragen_config", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a broken config file is still a user error: one line
+        raise ConfigError(f"config file {path!r} failed to load: {type(err).__name__}: {err}") from None
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path!r} has no get_config() function")
+    config = module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config file {path!r}: get_config() must return an ml_collections.ConfigDict")
+    check_keys(config, default_config())
+    return config
+
+
+def check_keys(config, reference, prefix="") -> None:
+    """Every key of `config` must exist in the defaults (catches typos in config files)."""
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if key not in reference:
+            raise ConfigError(f"unknown config key {name!r}; allowed here: {', '.join(sorted(reference.keys()))}")
+        if isinstance(value, ml_collections.ConfigDict):
+            check_keys(value, reference[key], name + ".")
+
+
+def _parse(name: str, text: str, default: Any):
+    if isinstance(default, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"--config.{name}={text!r}: expected true or false")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--config.{name}={text!r}: expected an integer") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"--config.{name}={text!r}: expected a number") from None
+    if isinstance(default, (tuple, list)):
+        try:
+            return tuple(ast.literal_eval(text))
+        except (ValueError, SyntaxError, TypeError):
+            raise ConfigError(f"--config.{name}={text!r}: expected a tuple like (1, 2)") from None
+    return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
+    """`{"algo.name": "grpo", ...}` (strings from the command line) into the config."""
+    for name, text in overrides.items():
+        node, parts = config, name.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                where = ".".join(parts[:i]) or "the top level"
+                allowed = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else "none"
+                raise ConfigError(f"unknown config key {name!r} (no {part!r} in {where}; allowed: {allowed})")
+            if i < len(parts) - 1:
+                node = node[part]
+        if isinstance(node[parts[-1]], ml_collections.ConfigDict):
+            raise ConfigError(f"--config.{name} is a section; set one of its keys: "
+                              f"{', '.join(sorted(node[parts[-1]].keys()))}")
+        with node.unlocked():
+            node[parts[-1]] = _parse(name, text, node[parts[-1]])
+    return config
+
+
+# ----------------------------------------------------------------------------- building
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The parts of a run the code consumes, validated."""
+
+    step: StepConfig
+    env_name: str
+    env_overrides: dict
+    mesh_shape: tuple[int, int, int]
+
+
+def _wrap(section: str, build):
+    """Turn a ValueError from a dataclass's own validation into a ConfigError."""
+    try:
+        return build()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        if section and not message.startswith(section):
+            message = f"{section}: {message}"
+        raise ConfigError(message) from None
+
+
+def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
+    """Validate the whole config and build the static configs (no arrays, no compiles)."""
+    if config.env.name not in registry.names():
+        raise ConfigError(f"env.name={config.env.name!r} is not a known environment; allowed: "
+                          f"{', '.join(registry.names())}")
+    env_overrides = {"max_steps": config.env.max_steps} if config.env.max_steps else {}
+    _wrap("env", lambda: registry.make(config.env.name, **env_overrides))
+    if not config.model.path and not config.model.preset:
+        raise ConfigError("model.path is required by this config: a local Hugging Face checkpoint directory "
+                          "(config.json + safetensors), e.g. --config.model.path=/path/to/Qwen2.5-3B-Instruct")
+    if not config.model.path and config.model.preset not in PRESETS:
+        raise ConfigError(f"model.preset={config.model.preset!r} is not known; allowed: {', '.join(PRESETS)} "
+                          "(or set model.path to a Hugging Face checkpoint directory)")
+    for key in ("dtype", "param_dtype"):
+        if config.model[key] not in ("float32", "bfloat16"):
+            raise ConfigError(f"model.{key}={config.model[key]!r} is not supported; allowed: float32, bfloat16")
+    r = config.rollout
+    params = _wrap("rollout", lambda: sampling.SamplingParams(temperature=r.temperature, top_p=r.top_p,
+                                                               top_k=r.top_k))
+    rollout = _wrap("rollout", lambda: RolloutConfig(
+        num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
+        max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=r.max_actions_per_traj,
+        max_new_tokens=r.max_new_tokens, format_penalty=r.format_penalty, sampling=params))
+    filt = _wrap("filter", lambda: FilterConfig(**config.filter.to_dict()))
+    a = config.algo.to_dict()
+    name = a.pop("name")
+    for key in ("advantage", "aggregation"):
+        if a[key] == PRESET:
+            a.pop(key)
+    a["dual_clip"] = a["dual_clip"] or None
+    algo = _wrap("algo", lambda: AlgoConfig.preset(name, **a))
+    d = config.diagnostics.to_dict()
+    enabled = d.pop("enabled")
+    d.pop("stop_on_alarm")
+    diagnostics = _wrap("diagnostics", lambda: DiagnosticsConfig(**d)) if enabled else None
+    step = _wrap("", lambda: StepConfig(rollout=rollout, filter=filt, algo=algo, diagnostics=diagnostics,
+                                              grad_buckets=config.grad_buckets))
+
+    sizes = {key: config.mesh[key] for key in ("data", "fsdp", "tensor")}
+    for key, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh.{key}={size} must be >= 1, or -1 (all devices the other axes leave)")
+    if list(sizes.values()).count(-1) > 1:
+        raise ConfigError(f"mesh {sizes}: at most one axis may be -1")
+    fixed = math.prod(s for s in sizes.values() if s > 0)
+    sizes = {k: (max(1, device_count // fixed) if s == -1 else s) for k, s in sizes.items()}
+    data, fsdp, tensor = sizes["data"], sizes["fsdp"], sizes["tensor"]
+    if data * fsdp * tensor > device_count:
+        raise ConfigError(f"mesh {data}x{fsdp}x{tensor} needs {data * fsdp * tensor} devices; "
+                          f"{device_count} available")
+    shards = data * fsdp
+    for key, size in (("rollout batch (num_groups × group_size)", rollout.batch),
+                      ("algo.mini_batch_size", algo.mini_batch_size)):
+        if size % shards:
+            raise ConfigError(f"{key}={size} must be divisible by the mesh's data×fsdp = {shards}")
+    t = config.train
+    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
+        if t[key] < (0 if key in ("val_every",) else 1):
+            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
+    e = config.eval
+    if e.num_envs < 1 or e.samples_per_env < 1 or e.temperature < 0:
+        raise ConfigError(f"eval.num_envs={e.num_envs}, eval.samples_per_env={e.samples_per_env} must be >= 1 "
+                          f"and eval.temperature={e.temperature} >= 0")
+    s = config.early_stop
+    if s.empty_batches < 0 or s.reward_std_collapse < 0 or s.val_patience < 0:
+        raise ConfigError("early_stop.empty_batches, reward_std_collapse and val_patience must be >= 0 (0: off)")
+    return RunConfig(step=step, env_name=config.env.name, env_overrides=env_overrides,
+                     mesh_shape=(data, fsdp, tensor))
+
+
+def to_json(config: ml_collections.ConfigDict) -> str:
+    return json.dumps(config.to_dict(), indent=2, sort_keys=True)
+
+
+def differences(saved: dict, new: dict, prefix="") -> list[str]:
+    """Keys whose values differ (ignoring RESUMABLE_KEYS), as 'key: old -> new'."""
+    out = []
+    for key in sorted(set(saved) | set(new)):
+        name = f"{prefix}{key}"
+        a, b = saved.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, name + ".")
+        elif a != b and name not in RESUMABLE_KEYS:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out

@@ -1,0 +1,90 @@
+"""`python -m ragen_jax.evaluate --workdir DIR [--step N] [--episodes K] [--samples K]`
+
+Restores a training run's policy (parameters only) from its latest checkpoint or step N,
+runs validation rollouts on fixed seeds at the configured temperature (SPEC §3: 0.5), and
+prints a table. Writes DIR/eval_<step>.json (success, return, valid-action rate, pass@k and
+the MI diagnostics of the validation rollouts) and DIR/eval_<step>_trajectories.txt (a few
+trajectories as readable text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from ragen_jax.checkpoint import CheckpointError
+from ragen_jax.config import ConfigError
+
+
+def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int | None, show: int = 4) -> dict:
+    from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
+    from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories
+    from ragen_jax.experiment import restore_run
+
+    exp, step = restore_run(workdir, step)
+    e = exp.config.eval
+    eval_config = EvalConfig(num_envs=episodes or e.num_envs, samples_per_env=samples or e.samples_per_env,
+                             temperature=e.temperature, seed=e.seed)
+    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
+                          exp.run.step.rollout, exp.mesh)
+    metrics, traj = validator(nnx.state(exp.model))
+    k = eval_config.samples_per_env
+    mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False)
+    mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size"))(
+        exp.model, traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(), group_size=k)
+    metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
+                    or k_ == "mi/reasoning_length_mean"})
+    result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
+              "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
+    out = workdir / f"eval_{step}.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out)
+    text = render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
+    (workdir / f"eval_{step}_trajectories.txt").write_text(text)
+    return result
+
+
+def table(result: dict) -> str:
+    m = result["metrics"]
+    rows = [("success", m["success"]), (f"pass@{result['samples_per_env']}", m["pass@k"]),
+            ("return", m["return"]), ("valid-action rate", m["valid_action_rate"]),
+            ("MI estimate (first turn)", m.get("mi/first_turn/mi_estimate", float("nan"))),
+            ("retrieval acc / chance", f"{m.get('mi/first_turn/retrieval_acc', float('nan')):.3f} / "
+                                       f"{m.get('mi/first_turn/retrieval_chance', float('nan')):.3f}"),
+            ("reasoning length (tokens)", m.get("mi/reasoning_length_mean", float("nan")))]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"step {result['step']}: {result['episodes']} episodes × {result['samples_per_env']} samples, "
+             f"temperature {result['temperature']}, seed {result['seed']}"]
+    lines += [f"  {name:<{width}}  {value if isinstance(value, str) else f'{value:.3f}'}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Evaluate a trained policy from its checkpoint.")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--episodes", type=int, default=None, help="levels to play (default: config eval.num_envs)")
+    parser.add_argument("--samples", type=int, default=None, help="attempts per level, the k of pass@k")
+    args = parser.parse_args(argv)
+    for name in ("episodes", "samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            print(f"error: --{name}={getattr(args, name)} must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        result = evaluate(Path(args.workdir), args.step, args.episodes, args.samples)
+    except (ConfigError, CheckpointError, ValueError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(table(result))
+    print(f"wrote {Path(args.workdir) / ('eval_%d.json' % result['step'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""From a config to the objects a run needs: env, tokenizer, model, text tables, mesh, trainer.
+
+Shared by the train, evaluate and export commands, so all three see the same model and text
+for the same config. Nothing here compiles; bad paths raise one-line errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from ragen_jax import sharding
+from ragen_jax.checkpoint import CheckpointError, Checkpoints
+from ragen_jax.config import ConfigError, RunConfig, build
+from ragen_jax.envs import registry
+from ragen_jax.models import hf
+from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, init_model, shard_model
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
+from ragen_jax.train_step import Trainer
+
+
+@dataclasses.dataclass
+class Experiment:
+    config: ml_collections.ConfigDict
+    run: RunConfig
+    env: Any
+    env_params: Any
+    tokenizer: Any
+    codec: TextCodec
+    prompt: PromptTemplate
+    model: Qwen2
+    mesh: jax.sharding.Mesh | None
+
+    def trainer(self) -> Trainer:
+        return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+
+
+def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
+    """The policy and its tokenizer: a local Hugging Face checkpoint (`model.path`), or the
+    built-in preset with the built-in tokenizer, randomly initialised from `seed` and then,
+    if `model.init` names a workdir, loaded with that run's latest policy."""
+    m = config.model
+    if m.path:
+        if not os.path.isdir(m.path):
+            raise ConfigError(f"model.path={m.path!r} is not a directory (a local Hugging Face checkpoint)")
+        try:
+            model = hf.load_pretrained(m.path, mesh, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+            tokenizer = hf.load_tokenizer(m.path)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
+    else:
+        cfg = Qwen2Config.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        model = init_model(cfg, jax.random.key(config.seed))
+        tokenizer = hf.load_tokenizer()
+        if mesh is not None:
+            model = shard_model(model, mesh)
+    if m.init:
+        from flax import nnx
+
+        checkpoints = Checkpoints(m.init, read_only=True)
+        step = checkpoints.latest_step()
+        if step is None:
+            raise CheckpointError(f"model.init={m.init!r} has no checkpoint under {checkpoints.directory}")
+        nnx.update(model, checkpoints.restore_policy(step, nnx.state(model)))
+    return model, tokenizer
+
+
+def make_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
+    devices = list(devices if devices is not None else jax.devices())
+    run = build(config, len(devices))
+    mesh = None if run.mesh_shape == (1, 1, 1) else sharding.make_mesh(run.mesh_shape, devices)
+    env, env_params = registry.make(run.env_name, **run.env_overrides)
+    model, tokenizer = load_model(config, mesh)
+    per_turn = run.step.rollout.max_actions_per_turn
+    try:
+        codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=model.cfg.vocab_size)
+        prompt = PromptTemplate.build(tokenizer, env, per_turn)
+    except ValueError as err:
+        raise ConfigError(f"the tokenizer cannot render {run.env_name}: {str(err).splitlines()[0]}") from None
+    return Experiment(config, run, env, env_params, tokenizer, codec, prompt, model, mesh)
+
+
+def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experiment, int]:
+    """The experiment of a training workdir with its policy restored from a checkpoint (the
+    latest, or `step`): parameters only, no optimiser state, onto the devices present (the
+    saved mesh when it fits them, else data parallelism over all of them)."""
+    import json
+    from pathlib import Path
+
+    from flax import nnx
+
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise ConfigError(f"workdir {workdir} does not exist")
+    saved = workdir / "config.json"
+    if not saved.is_file():
+        raise ConfigError(f"{saved} does not exist: {workdir} is not a training workdir")
+    try:
+        config = ml_collections.ConfigDict(json.loads(saved.read_text()))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{saved} is not valid JSON ({err})") from None
+    checkpoints = Checkpoints(workdir, read_only=True)
+    if step is None:
+        step = checkpoints.latest_step()
+        if step is None:
+            raise CheckpointError(f"{workdir} has no checkpoint (expected {checkpoints.directory}/<step>)")
+    devices = list(devices if devices is not None else jax.devices())
+    try:
+        build(config, len(devices))
+    except ConfigError:  # the saved mesh does not fit these devices: plain data parallelism
+        config.mesh.update(data=-1, fsdp=1, tensor=1)
+    config.model.init = ""  # the checkpoint replaces the initial weights
+    exp = make_experiment(config, devices)
+    nnx.update(exp.model, checkpoints.restore_policy(step, nnx.state(exp.model)))
+    return exp, step

@@ -1,0 +1,48 @@
+"""`python -m ragen_jax.export --workdir DIR --out HF_DIR [--step N] [--dtype bfloat16]`
+
+Writes a training run's policy (latest checkpoint, or step N) as a Hugging Face checkpoint —
+config.json, safetensors and the tokenizer — that `transformers` loads and generates with.
+The output directory must be new or empty; files are written under temporary names and
+renamed into place, so an interrupted export leaves nothing that looks loadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ragen_jax.checkpoint import CheckpointError
+from ragen_jax.config import ConfigError
+
+
+def export(workdir: Path, out: Path, step: int | None = None, dtype: str | None = None) -> int:
+    from ragen_jax.experiment import restore_run
+    from ragen_jax.models import hf
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty directory; choose a new one")
+    exp, step = restore_run(workdir, step)
+    hf.save_pretrained(exp.model, out, dtype=dtype, tokenizer=exp.tokenizer)
+    return step
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Export a trained policy as a Hugging Face checkpoint.")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--out", required=True, help="a new (or empty) directory")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help="weight dtype on disk (default: the model's parameter dtype)")
+    args = parser.parse_args(argv)
+    try:
+        step = export(Path(args.workdir), Path(args.out), args.step, args.dtype)
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"exported step {step} of {args.workdir} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

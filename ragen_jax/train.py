@@ -1,0 +1,282 @@
+"""`python -m ragen_jax.train --config configs/<name>.py [--config.key=value ...] --workdir DIR`
+
+The host loop around the compiled train step: it only logs, validates, checkpoints and
+decides when to stop. Running the same command on a workdir that has checkpoints resumes from
+the latest one and continues exactly (the PRNG key is part of the saved state; lines of
+metrics.jsonl written after that checkpoint are dropped and recomputed). SIGTERM (preemption)
+finishes the current step, writes a checkpoint and exits with code 143.
+
+Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
+prefixed `val/`; metrics not computed at a step are absent), TensorBoard event files in DIR,
+and orbax checkpoints in DIR/checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+from ragen_jax import config as config_lib
+from ragen_jax.checkpoint import CheckpointError, Checkpoints
+from ragen_jax.config import ConfigError
+
+EXIT_USAGE, EXIT_PREEMPTED = 2, 143
+# Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
+_KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
+
+
+def parse_args(argv, description: str, workdir_required: bool = True):
+    """argparse for --config/--workdir plus free-form `--config.a.b=value` overrides."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="a config file with get_config(), e.g. configs/sokoban_tiny.py")
+    parser.add_argument("--workdir", required=workdir_required, help="where metrics and checkpoints go")
+    args, rest = parser.parse_known_args(argv)
+    overrides = {}
+    for item in rest:
+        if not item.startswith("--config.") or "=" not in item:
+            parser.error(f"unrecognised argument {item!r} (overrides look like --config.algo.name=grpo)")
+        key, value = item[len("--config."):].split("=", 1)
+        overrides[key] = value
+    return args, overrides
+
+
+def load_config(path: str, overrides: dict):
+    return config_lib.apply_overrides(config_lib.load_config_file(path), overrides)
+
+
+# ----------------------------------------------------------------------------- workdir
+
+
+def check_workdir(workdir: Path, config) -> None:
+    """Refuse a workdir made by a different config (when resuming). Writes nothing."""
+    saved_path = workdir / "config.json"
+    has_checkpoints = (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir())
+    if saved_path.is_file():
+        try:
+            saved = json.loads(saved_path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{saved_path} is not valid JSON ({err}); use a new --workdir") from None
+        changes = config_lib.differences(saved, config.to_dict())
+        if changes and config.train.resume and has_checkpoints:
+            shown = "; ".join(changes[:4]) + (f"; … {len(changes) - 4} more" if len(changes) > 4 else "")
+            raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}); use a new "
+                              "--workdir, or --config.train.resume=false to ignore its checkpoints")
+    if not config.train.resume and has_checkpoints:
+        raise ConfigError(f"workdir {workdir} already has checkpoints and train.resume=false would overwrite them; "
+                          "use a new --workdir (or delete its checkpoints directory)")
+
+
+def write_config(workdir: Path, config) -> None:
+    saved_path = workdir / "config.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = workdir / "config.json.tmp"
+    tmp.write_text(config_lib.to_json(config))
+    tmp.replace(saved_path)
+
+
+class MetricsLog:
+    """metrics.jsonl (+ TensorBoard, + Weights & Biases when enabled and installed)."""
+
+    def __init__(self, workdir: Path, config, resume_step: int):
+        self.path = workdir / "metrics.jsonl"
+        self.history = self._truncate(resume_step)
+        self.file = self.path.open("a")
+        self.tensorboard = None
+        if config.logging.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(workdir), purge_step=resume_step + 1 if resume_step else None)
+        self.wandb = None
+        if config.logging.wandb:
+            try:
+                import wandb
+            except ImportError:
+                print("note: logging.wandb=true but wandb is not installed (pip install wandb); skipping it",
+                      file=sys.stderr)
+            else:
+                self.wandb = wandb.init(project=config.logging.wandb_project, config=config.to_dict(),
+                                        dir=str(workdir), id=_run_id(workdir), resume="allow")
+
+    def _truncate(self, resume_step: int) -> list[dict]:
+        """Keep the lines up to the resumed step (later ones are recomputed) and return them."""
+        if not self.path.exists():
+            return []
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut by a crash: everything after it is recomputed
+            if record.get("step", math.inf) <= resume_step:
+                kept.append(record)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+        return kept
+
+    def write(self, step: int, metrics: dict) -> None:
+        record = {"step": step, **{k: v for k, v in metrics.items() if math.isfinite(v)}}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key != "step":
+                    self.tensorboard.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _run_id(workdir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(workdir.absolute()).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- early stopping
+
+
+class EarlyStop:
+    """The reference implementation's stop rules, each switchable (0 = off). Its counters are
+    rebuilt from the metrics history on resume, so a resumed run stops where the original would."""
+
+    def __init__(self, config, history: list[dict]):
+        self.rules = config.early_stop
+        self.stop_on_alarm = config.diagnostics.stop_on_alarm
+        self.collapsed_steps = 0
+        self.low_validations = 0
+        for record in history:
+            self.update(record)
+
+    def update(self, m: dict) -> str | None:
+        r = self.rules
+        if r.empty_batches and m.get("filter/empty_streak", 0) >= r.empty_batches:
+            return f"the filter kept no group for {r.empty_batches} steps in a row"
+        if "filter/in_group_reward_std_max" in m:
+            collapsed = m["filter/in_group_reward_std_max"] <= 1e-8
+            self.collapsed_steps = self.collapsed_steps + 1 if collapsed else 0
+        if r.reward_std_collapse and self.collapsed_steps >= r.reward_std_collapse:
+            return f"every group's reward std was 0 for {r.reward_std_collapse} steps in a row"
+        if "val/success" in m:
+            self.low_validations = self.low_validations + 1 if m["val/success"] < r.val_success_below else 0
+        if r.val_patience and self.low_validations >= r.val_patience:
+            return f"validation success stayed below {r.val_success_below} for {r.val_patience} validations"
+        if self.stop_on_alarm and m.get("mi/collapse_alarm", 0) >= 1:
+            return "the template-collapse alarm fired (diagnostics.stop_on_alarm)"
+        return None
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def progress_line(m: dict, last_mi: float) -> dict:
+    return {"success": f"{m.get('rollout/success', math.nan):.2f}", "return": f"{m.get('rollout/return', math.nan):.2f}",
+            "kept": f"{m.get('filter/kept_ratio', math.nan):.2f}", "mi_z": f"{last_mi:.2f}",
+            "entropy": f"{m.get('actor/entropy', math.nan):.3f}"}
+
+
+def train(config, workdir: Path, devices=None) -> int:
+    from ragen_jax.evaluation import EvalConfig, Validator
+    from ragen_jax.experiment import make_experiment
+
+    config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
+    check_workdir(workdir, config)
+    exp = make_experiment(config, devices)  # loads the model: bad paths fail before any write
+    write_config(workdir, config)
+    trainer = exp.trainer()
+    checkpoints = Checkpoints(workdir, keep=config.train.keep_checkpoints)
+    state = trainer.init_state(jax.random.key(config.seed), exp.model)
+    start = checkpoints.latest_step() if config.train.resume else None
+    if start:
+        state = checkpoints.restore(start, state)
+        print(f"resuming {workdir} from step {start}", file=sys.stderr)
+    start = start or 0
+    log = MetricsLog(workdir, config, start)
+    stopper = EarlyStop(config, log.history)
+    validator = None
+    if config.train.val_every:
+        e = config.eval
+        validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
+                              EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
+                                         temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
+
+    preempted = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    steps = config.train.steps
+    bar = None
+    if config.logging.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
+    last_mi, reason, step = math.nan, None, start
+    try:
+        for step in range(start + 1, steps + 1):
+            started = time.perf_counter()
+            state, metrics = trainer.step(state)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics["time/step_seconds"] = time.perf_counter() - started
+            if validator is not None and (step % config.train.val_every == 0 or step == steps):
+                val, _ = validator(state.policy)
+                metrics.update({f"val/{k}": float(v) for k, v in val.items()})
+            if step % config.train.log_every == 0 or step == steps:
+                log.write(step, metrics)
+            if math.isfinite(metrics.get("mi/first_turn/mi_zscore_ema", math.nan)):
+                last_mi = metrics["mi/first_turn/mi_zscore_ema"]
+            if metrics.get("mi/collapse_alarm", 0) >= 1:
+                print(f"warning: step {step}: MI-ZScore-EMA fell {config.diagnostics.alarm_drop:.0%} below its peak "
+                      "while the reasoning entropy stayed flat — possible template collapse", file=sys.stderr)
+            if bar is not None:
+                bar.set_postfix(progress_line(metrics, last_mi), refresh=False)
+                bar.update(1)
+            reason = stopper.update(metrics)
+            if preempted:
+                reason = "SIGTERM"
+            if step % config.train.save_every == 0 or step == steps or reason:
+                checkpoints.save(state, force=True)
+            if step == _KILL_AFTER_STEP:  # fault injection for the exact-resume test
+                checkpoints.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if reason:
+                break
+    finally:
+        checkpoints.close()
+        log.close()
+        if bar is not None:
+            bar.close()
+        signal.signal(signal.SIGTERM, previous)
+    if reason == "SIGTERM":
+        print(f"stopped by SIGTERM after step {step}; checkpoint saved — run the same command to resume",
+              file=sys.stderr)
+        return EXIT_PREEMPTED
+    if reason:
+        print(f"early stop after step {step}: {reason}", file=sys.stderr)
+    print(f"done: {step} steps in {workdir}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).")
+    try:
+        config = load_config(args.config, overrides)
+        return train(config, Path(args.workdir))
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

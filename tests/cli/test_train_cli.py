@@ -1,0 +1,193 @@
+"""The commands: exact resume after a hard kill, SIGTERM, evaluate, export, plot of a run,
+and one clear line + exit code 2 for every kind of bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen_jax import evaluate, export, train
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "sokoban_tiny.py")
+# Tiny and quick to compile; no early stop (a random policy only earns format penalties) and
+# no filtering, so every step updates the weights and the resumed numbers depend on them.
+SMALL = ["--config.rollout.num_groups=2", "--config.rollout.group_size=2", "--config.rollout.max_turns=1",
+         "--config.rollout.max_new_tokens=8", "--config.algo.mini_batch_size=4", "--config.filter.strategy=none",
+         "--config.diagnostics.enabled=false", "--config.early_stop.empty_batches=0",
+         "--config.early_stop.reward_std_collapse=0", "--config.eval.num_envs=2", "--config.train.val_every=3",
+         "--config.mesh.data=1", "--config.logging.progress=false"]
+
+
+def command(module, *args, env=None):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def records(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("full")
+    result = command("ragen_jax.train", "--config", CONFIG, "--workdir", str(workdir), "--config.train.steps=6",
+                     "--config.train.save_every=3", *SMALL)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return workdir
+
+
+def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
+    args = ["--config", CONFIG, "--workdir", str(tmp_path), "--config.train.steps=6", "--config.train.save_every=3",
+            *SMALL]
+    killed = command("ragen_jax.train", *args, env={"RAGEN_JAX_KILL_AFTER_STEP": "3"})
+    assert killed.returncode == -signal.SIGKILL
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+    resumed = command("ragen_jax.train", *args)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stderr
+    want, got = records(full_run), records(tmp_path)
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(want, got):
+        a.pop("time/step_seconds"), b.pop("time/step_seconds")
+        assert a == b  # bitwise: same floats, same keys (val/ at steps 3 and 6 included)
+    assert "val/success" in got[2] and "actor/pg_loss" in got[5]
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "ragen_jax.train", "--config", CONFIG, "--workdir", str(tmp_path),
+                             *SMALL, "--config.train.steps=100000", "--config.train.save_every=100000",
+                             "--config.train.val_every=0"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr[-2000:]
+    last = records(tmp_path)[-1]["step"]
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [last]
+    assert "SIGTERM" in stderr
+
+
+def test_evaluate_writes_results_and_trajectories(full_run, capsys):
+    assert evaluate.main(["--workdir", str(full_run), "--episodes", "2", "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pass@2" in out and "success" in out
+    result = json.loads((full_run / "eval_6.json").read_text())
+    assert result["step"] == 6 and result["samples_per_env"] == 2
+    assert 0.0 <= result["metrics"]["success"] <= result["metrics"]["pass@k"] <= 1.0
+    assert "mi/first_turn/mi_estimate" in result["metrics"]
+    assert "Turn 1" in (full_run / "eval_6_trajectories.txt").read_text()
+    # an older step restores too, and gives its own file
+    assert evaluate.main(["--workdir", str(full_run), "--step", "3", "--episodes", "2"]) == 0
+    assert (full_run / "eval_3.json").exists()
+
+
+def test_export_loads_in_transformers_and_generates(full_run, tmp_path):
+    import torch
+    import transformers
+
+    out = tmp_path / "hf"
+    assert export.main(["--workdir", str(full_run), "--out", str(out)]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tok("<|im_start|>user\nTurn 1:\nState:\n# # #<|im_end|>\n", return_tensors="pt")
+    generated = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] == ids["input_ids"].shape[1] + 5
+    # the exported weights are the checkpoint's: compare the embedding with the restored policy
+    from flax import nnx
+
+    from ragen_jax.experiment import restore_run
+
+    exp, step = restore_run(full_run)
+    assert step == 6
+    np.testing.assert_allclose(model.model.embed_tokens.weight.detach().numpy(),
+                               np.asarray(nnx.state(exp.model)["embed_tokens"][...]), atol=0)
+    with torch.no_grad():
+        assert torch.isfinite(model(**ids).logits).all()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def one_error_line(capsys, code, expected_code=2):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == expected_code
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/nope.py"], "config file 'configs/nope.py' does not exist"),
+    (["--config", CONFIG, "--config.algo.nme=grpo"], "unknown config key 'algo.nme'"),
+    (["--config", CONFIG, "--config.algo.name=sac"], "algo.name='sac'"),
+    (["--config", CONFIG, "--config.rollout.group_size=many"], "--config.rollout.group_size='many': expected an integer"),
+    (["--config", CONFIG, "--config.filter.rho=-1"], "filter.rho=-1.0 must be >= 0"),
+    (["--config", CONFIG, "--config.algo.name=grpo", "--config.rollout.group_size=1",
+      "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),
+    (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
+    (["--config", CONFIG, "--config.mesh.tensor=16"], "needs 16 devices"),
+    (["--config", CONFIG, "--config.env.name=Chess"], "env.name='Chess'"),
+    (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")], "model.path is required"),
+    (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py"), "--config.model.path=/no/such/dir"],
+     "model.path='/no/such/dir' is not a directory"),
+])
+def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
+    code = train.main([*args, "--workdir", str(tmp_path / "w")])
+    line = one_error_line(capsys, code)
+    assert message in line, line
+    assert not (tmp_path / "w").exists()  # nothing written
+
+
+def test_a_workdir_with_another_config_is_refused(full_run, capsys):
+    before = (full_run / "metrics.jsonl").read_text()
+    code = train.main(["--config", CONFIG, "--workdir", str(full_run), *SMALL, "--config.algo.actor_lr=0.5"])
+    line = one_error_line(capsys, code)
+    assert "different config" in line and "algo.actor_lr" in line
+    assert (full_run / "metrics.jsonl").read_text() == before
+    code = train.main(["--config", CONFIG, "--workdir", str(full_run), *SMALL, "--config.train.resume=false"])
+    assert "already has checkpoints" in one_error_line(capsys, code)
+
+
+def test_evaluate_and_export_bad_input(full_run, tmp_path, capsys):
+    assert "does not exist" in one_error_line(capsys, evaluate.main(["--workdir", str(tmp_path / "none")]))
+    assert "no checkpoint for step 99" in one_error_line(
+        capsys, evaluate.main(["--workdir", str(full_run), "--step", "99"]))
+    empty = tmp_path / "run"
+    empty.mkdir()
+    (empty / "config.json").write_text((full_run / "config.json").read_text())
+    assert "has no checkpoint" in one_error_line(capsys, evaluate.main(["--workdir", str(empty)]))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    line = one_error_line(capsys, export.main(["--workdir", str(full_run), "--out", str(taken)]))
+    assert "not an empty directory" in line and (taken / "keep.txt").read_text() == "mine"
+
+
+def test_a_corrupt_checkpoint_is_reported_and_left_alone(full_run, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(full_run, broken)
+    for file in (broken / "checkpoints" / "6").rglob("*"):
+        if file.is_file() and file.stat().st_size > 1000:
+            file.write_bytes(b"garbage")
+    line = one_error_line(capsys, evaluate.main(["--workdir", str(broken), "--step", "6"]))
+    assert "could not be restored" in line
+    assert (broken / "checkpoints" / "3").is_dir() and (broken / "checkpoints" / "6").is_dir()
+
+
+def test_plot_draws_a_real_run(full_run):
+    from ragen_jax import plot
+
+    assert plot.main(["--workdir", str(full_run)]) == 0
+    png = full_run / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

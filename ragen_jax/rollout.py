@@ -77,6 +77,15 @@ class Trajectories:
     reasoning_lengths: jax.Array  # int32[B, T] of those, the reasoning before `</think>` (0: none)
     turn_offsets: tuple[int, ...] = struct.field(pytree_node=False, default=())  # each turn's generation slot
 
+    def with_episode_rewards(self, rewards: jax.Array, success: jax.Array) -> "Trajectories":
+        """The same trajectories with other episode rewards [B] (placed, like the rollout's, on
+        each row's last generated token) and success flags: reward shaping, tests, benchmarks."""
+        slots = jnp.arange(self.tokens.shape[1])
+        last = jnp.max(jnp.where(self.loss_mask, slots, -1), axis=1)
+        rewards = jnp.asarray(rewards, jnp.float32)
+        return self.replace(episode_reward=rewards, success=jnp.asarray(success, bool),
+                            token_rewards=jnp.where(slots[None] == last[:, None], rewards[:, None], 0.0))
+
 
 class Policy:
     """What the loop needs from a policy: prefill text into its cache, decode a turn.

@@ -121,17 +121,7 @@ def trajectory_pairs(traj, key: jax.Array, num_samples: int) -> PairSet:
     active = traj.turn_active[rows]  # [M, T]
     priority = jnp.where(active, jax.random.uniform(k_turns, active.shape), -1.0)
     turns = jnp.argmax(priority, axis=1).astype(jnp.int32)  # uniform among the active turns
-    drawn = drawn & active.any(axis=1)
-    return PairSet(
-        rows=rows,
-        turns=turns,
-        drawn=drawn,
-        valid=drawn & (traj.reasoning_lengths[rows, turns] > 0),
-        true_column=jnp.arange(m, dtype=jnp.int32),
-        column_rows=rows,
-        column_turns=turns,
-        prompt_width=traj.turn_offsets[-1],
-    )
+    return _own_columns(traj, rows, turns, drawn & active.any(axis=1))
 
 
 def turn_pairs(traj, key: jax.Array, turn, num_samples: int) -> PairSet:
@@ -140,18 +130,15 @@ def turn_pairs(traj, key: jax.Array, turn, num_samples: int) -> PairSet:
     m = _num_samples(traj, num_samples)
     turn = jnp.asarray(turn, jnp.int32)
     rows, drawn = _random_subset(key, traj.turn_active[:, turn], m)
-    turns = jnp.full(m, turn, jnp.int32)
     # A repeat's row is left out (not drawn); its column stays, identical to the original's.
-    return PairSet(
-        rows=rows,
-        turns=turns,
-        drawn=drawn,
-        valid=drawn & (traj.reasoning_lengths[rows, turn] > 0),
-        true_column=jnp.arange(m, dtype=jnp.int32),
-        column_rows=rows,
-        column_turns=turns,
-        prompt_width=traj.turn_offsets[-1],
-    )
+    return _own_columns(traj, rows, jnp.full(m, turn, jnp.int32), drawn)
+
+
+def _own_columns(traj, rows: jax.Array, turns: jax.Array, drawn: jax.Array) -> PairSet:
+    """Samples (rows[i], turns[i]) each with its own prompt as column i."""
+    return PairSet(rows=rows, turns=turns, drawn=drawn, valid=drawn & (traj.reasoning_lengths[rows, turns] > 0),
+                   true_column=jnp.arange(rows.shape[0], dtype=jnp.int32), column_rows=rows, column_turns=turns,
+                   prompt_width=traj.turn_offsets[-1])
 
 
 def prompts(traj, pairs: PairSet) -> tuple[jax.Array, jax.Array]:

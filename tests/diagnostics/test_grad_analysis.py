@@ -36,6 +36,12 @@ CAPACITY = bucket_capacity(GROUPS, MEMBERS, NUM_BUCKETS) + 1
 LOSS = dict(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", temperature=1.0, clip_low=0.2, clip_high=0.28)
 
 
+def rewarded(traj, rewards):
+    """The trajectories with synthetic episode rewards (success: reward > 2.5)."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    return traj.with_episode_rewards(rewards, rewards > 2.5)
+
+
 # ----------------------------------------------------------------------------- bucket rule
 
 
@@ -123,18 +129,9 @@ def trajectories(setup):
                                      ROLLOUT))(jax.random.key(3))
 
 
-def with_rewards(traj, rewards):
-    """Synthetic episode rewards [B], put on each row's last generated token."""
-    slots = jnp.arange(traj.tokens.shape[1])
-    last = jnp.max(jnp.where(traj.loss_mask, slots, -1), axis=1)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    return traj.replace(episode_reward=rewards, success=rewards > 2.5,
-                        token_rewards=jnp.where(slots[None] == last[:, None], rewards[:, None], 0.0))
-
-
 def batch_with(traj, group_rewards, normalise_std):
     """The update's batch view with synthetic rewards and group-baseline advantages."""
-    batch = batch_from_trajectories(with_rewards(traj, group_rewards.reshape(-1)), ROLLOUT.max_new_tokens)
+    batch = batch_from_trajectories(rewarded(traj, group_rewards.reshape(-1)), ROLLOUT.max_new_tokens)
     per_row = adv.group_advantages(jnp.asarray(group_rewards), normalise_std=normalise_std).reshape(-1)
     return batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
 

@@ -1,19 +1,16 @@
 """Validation rollouts: metrics against NumPy, fixed seeds, pass@k, readable trajectories."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from agent_setup import ScriptedPolicy, text_parts
 from flax import nnx
 
-from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories, validate, validation_rollout
-from ragen_jax.models import hf, sampling
+from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
-from ragen_jax.rollout import Policy, RolloutConfig
-from ragen_jax.text.codec import TextCodec
-from ragen_jax.text.prompt import PromptTemplate
+from ragen_jax.rollout import RolloutConfig
 
 TRAIN = RolloutConfig(num_groups=5, group_size=3, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                       max_new_tokens=16, sampling=sampling.SamplingParams(temperature=1.0, top_p=0.9))
@@ -24,11 +21,7 @@ DECODE = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 @pytest.fixture(scope="module")
 def setup():
-    env, params = registry.make("SimpleSokoban")
-    tok = hf.load_tokenizer()
-    codec = TextCodec.build(tok, env, TRAIN.max_actions_per_turn)
-    prompt = PromptTemplate.build(tok, env, TRAIN.max_actions_per_turn)
-    return env, params, tok, codec, prompt
+    return text_parts("SimpleSokoban", TRAIN.max_actions_per_turn)
 
 
 @pytest.fixture(scope="module")
@@ -173,25 +166,6 @@ def test_render_shows_every_turns_observation_and_generation(setup, validated):
 
 
 # ----------------------------------------------------------------------------- scripted: nonzero success
-
-
-class ScriptedPolicy(Policy):
-    """Plays given token ids: tokens [B, T, n], lengths [B, T]."""
-
-    def __init__(self, tokens, lengths):
-        self.tokens, self.lengths = tokens, lengths
-
-    def init_cache(self, batch, length):
-        return jnp.zeros(())
-
-    def prefill(self, cache, tokens, mask, offset, prev_logits):
-        return cache, jnp.zeros((tokens.shape[0], 1)) if prev_logits is None else prev_logits
-
-    def decode(self, cache, logits, offset, key, done, turn):
-        lengths = jnp.where(done, 0, self.lengths[:, turn])
-        tokens = jnp.where(jnp.arange(self.tokens.shape[2]) < lengths[:, None], self.tokens[:, turn], 0)
-        return cache, sampling.DecodeOutput(tokens=tokens, logprobs=jnp.zeros(tokens.shape, jnp.float32),
-                                            lengths=lengths, done=done, logits=logits)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from agent_setup import ScriptedPolicy, text_parts
 
 from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
-from ragen_jax.models import hf, sampling
+from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
-from ragen_jax.rollout import Policy, RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.rollout import RolloutConfig, initial_states, model_policy, rollout
 from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -20,31 +21,7 @@ CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_
 
 @pytest.fixture(scope="module")
 def setup():
-    env, params = registry.make("SimpleSokoban")
-    tok = hf.load_tokenizer()
-    codec = TextCodec.build(tok, env, CONFIG.max_actions_per_turn)
-    prompt = PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn)
-    return env, params, tok, codec, prompt
-
-
-class ScriptedPolicy(Policy):
-    """Emits given token ids each turn (a stand-in for a model)."""
-
-    def __init__(self, tokens, lengths):
-        self.tokens, self.lengths = jnp.asarray(tokens), jnp.asarray(lengths)
-
-    def init_cache(self, batch, length):
-        return jnp.zeros(())
-
-    def prefill(self, cache, tokens, mask, offset, prev_logits):
-        return cache, jnp.zeros((tokens.shape[0], 1)) if prev_logits is None else prev_logits
-
-    def decode(self, cache, logits, offset, key, done, turn):
-        lengths = jnp.where(done, 0, self.lengths[:, turn])
-        tokens = jnp.where(jnp.arange(self.tokens.shape[2]) < lengths[:, None], self.tokens[:, turn], 0)
-        out = sampling.DecodeOutput(tokens=tokens, logprobs=jnp.zeros(tokens.shape), lengths=lengths, done=done,
-                                    logits=logits)
-        return cache, out
+    return text_parts("SimpleSokoban", CONFIG.max_actions_per_turn)
 
 
 def scripted(tok, texts):

@@ -4,18 +4,14 @@ same parameters and metrics; the same seed gives the same numbers."""
 import jax
 import numpy as np
 import pytest
+from agent_setup import text_parts, tiny_model
 from flax import nnx
 
 from ragen_jax import sharding
-from ragen_jax.envs import registry
-from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.models.value import critic_from_policy
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig
-from ragen_jax.text.codec import TextCodec
-from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.train_step import StepConfig, Trainer
 
 ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
@@ -30,12 +26,8 @@ CONFIG = StepConfig(rollout=ROLLOUT, filter=FilterConfig(strategy="none"),
 
 @pytest.fixture(scope="module")
 def parts():
-    env, params = registry.make("SimpleSokoban")
-    tok = hf.load_tokenizer()
-    codec = TextCodec.build(tok, env, ROLLOUT.max_actions_per_turn)
-    prompt = PromptTemplate.build(tok, env, ROLLOUT.max_actions_per_turn)
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
-    return env, params, codec, prompt, model
+    env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
+    return env, params, codec, prompt, tiny_model(0)
 
 
 def trainer_for(parts, mesh):

@@ -6,16 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from agent_setup import text_parts, tiny_model
 from flax import nnx
 
-from ragen_jax.envs import registry
-from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig, model_policy, rollout
-from ragen_jax.text.codec import TextCodec
-from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
 from ragen_jax.train_step import StepConfig, Trainer
 
@@ -25,12 +21,8 @@ ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per
 
 @pytest.fixture(scope="module")
 def setup():
-    env, params = registry.make("SimpleSokoban")
-    tok = hf.load_tokenizer()
-    codec = TextCodec.build(tok, env, ROLLOUT.max_actions_per_turn)
-    prompt = PromptTemplate.build(tok, env, ROLLOUT.max_actions_per_turn)
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
-    return env, params, codec, prompt, model
+    env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
+    return env, params, codec, prompt, tiny_model(0)
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +36,7 @@ def trajectories(setup):
     rewards[0] = [0.0, 1.0, 2.0, 3.0]
     rewards[2] = [3.0, 0.5, 0.0, 1.0]
     rewards[1] = 1.0
-    return with_rewards(traj, rewards.reshape(-1))
-
-
-def with_rewards(traj, rewards):
-    slots = jnp.arange(traj.tokens.shape[1])
-    last = jnp.max(jnp.where(traj.loss_mask, slots, -1), axis=1)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    return traj.replace(episode_reward=rewards, success=rewards > 2.5,
-                        token_rewards=jnp.where(slots[None] == last[:, None], rewards[:, None], 0.0))
+    return rewarded(traj, rewards.reshape(-1))
 
 
 def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
@@ -65,6 +49,12 @@ def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
 
 def params_of(state):
     return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(state.policy)])
+
+
+def rewarded(traj, rewards):
+    """The trajectories with synthetic episode rewards (success: reward > 2.5)."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    return traj.with_episode_rewards(rewards, rewards > 2.5)
 
 
 # ----------------------------------------------------------------------------- batch view
@@ -133,7 +123,7 @@ def test_half_the_groups_kept_runs_half_the_minibatches(setup, trajectories, grp
 
 def test_empty_selection_skips_the_update_cleanly(setup, trajectories, grpo):
     model = setup[-1]
-    flat = with_rewards(trajectories, np.ones(16, np.float32))
+    flat = rewarded(trajectories, np.ones(16, np.float32))
     state = grpo.init_state(jax.random.key(0), model)
     before = params_of(state)
     for streak in (1, 2):

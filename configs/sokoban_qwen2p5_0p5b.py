@@ -1,23 +1,14 @@
-"""The paper's setting (SPEC §3–§4) on SimpleSokoban with a local Qwen2.5-0.5B-Instruct checkpoint.
+"""The paper's setting on SimpleSokoban with a local Qwen2.5-0.5B-Instruct checkpoint (replicated, data parallel over all devices).
 
     python -m ragen_jax.train --config configs/sokoban_qwen2p5_0p5b.py \
         --config.model.path=/path/to/Qwen2.5-0.5B-Instruct --workdir runs/sokoban_qwen2p5_0p5b
 
 8 groups × 16 trajectories, 5 turns of up to 120 tokens, PPO (actor lr 1e-6, critic lr 1e-5),
-Top-p 0.9 reward-variance filtering, MI diagnostics every 5 steps, bfloat16 compute. Mesh:
-(1, 1, 1) on one accelerator, or data-parallel.
-"""
+Top-p 0.9 reward-variance filtering, MI diagnostics every 5 steps, bfloat16 compute
+(`ragen_jax.config.paper_config`)."""
 
-from ragen_jax.config import default_config
+from ragen_jax.config import paper_config
 
 
 def get_config():
-    c = default_config()
-    c.env.name = "SimpleSokoban"
-    c.model.update(preset="", path="", dtype="bfloat16", remat=True)  # model.path is required: set it on the command line
-    c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
-    c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=16)
-    c.mesh.update(data=-1, fsdp=1, tensor=1)
-    c.train.update(steps=400, save_every=25, val_every=10)
-    c.eval.update(num_envs=64)
-    return c
+    return paper_config("SimpleSokoban", fsdp=False)

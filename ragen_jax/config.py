@@ -46,7 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(dict(
         preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
         path="",  # a local Hugging Face checkpoint directory (config.json + safetensors)
-        init="",  # an orbax policy checkpoint to start from (e.g. written by ragen_jax.sft)
+        init="",  # initial weights: a train/sft workdir, a Hugging Face dir, or builtin:<name> (shipped)
         dtype="float32", param_dtype="float32", remat=False,
     ))
     c.rollout = ml_collections.ConfigDict(dict(
@@ -79,6 +79,38 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     c.logging = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="ragen_jax",
                                               progress=True))
+    return c
+
+
+def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.ConfigDict:
+    """The built-in tiny model on `env_name`, sized for a laptop CPU: 8 groups × 8, 3 turns of
+    up to 48 tokens, minibatches of 16, learning rates for a 0.5M-parameter model; the rest is
+    the paper's (PPO, Top-p 0.9 on reward std, MI diagnostics every 5 steps). `warm_start`:
+    initial weights (`model.init`), e.g. a shipped `builtin:<name>`."""
+    c = default_config()
+    c.env.name = env_name
+    c.model.update(preset="tiny", init=warm_start)
+    c.rollout.update(num_groups=8, group_size=8, max_turns=3, max_actions_per_traj=6, max_new_tokens=48)
+    c.algo.update(name="ppo", actor_lr=1e-4, critic_lr=3e-4, mini_batch_size=16)
+    c.diagnostics.update(num_samples=16, per_turn_samples=8, answer_tokens=16)
+    c.train.update(steps=100, save_every=20, val_every=10)
+    c.eval.update(num_envs=16)
+    return c
+
+
+def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
+    """The paper's setting (SPEC §3–§4) for a local Qwen2.5 checkpoint (`model.path`, required):
+    8 groups × 16, 5 turns of up to 120 tokens, PPO (lr 1e-6 / 1e-5), Top-p 0.9, bfloat16
+    compute with rematerialisation. `fsdp`: shard the model over all devices (3B and up, with
+    micro-batches of 8) instead of replicating it (data parallelism, micro-batches of 16)."""
+    c = default_config()
+    c.env.name = env_name
+    c.model.update(preset="", path="", dtype="bfloat16", remat=True)
+    c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
+    c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8 if fsdp else 16)
+    c.mesh.update(data=1 if fsdp else -1, fsdp=-1 if fsdp else 1, tensor=1)
+    c.train.update(steps=400, save_every=25, val_every=10)
+    c.eval.update(num_envs=64)
     return c
 
 

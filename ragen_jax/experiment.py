@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -60,14 +61,53 @@ def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
         if mesh is not None:
             model = shard_model(model, mesh)
     if m.init:
-        from flax import nnx
+        load_initial_weights(model, m.init)
+    return model, tokenizer
 
-        checkpoints = Checkpoints(m.init, read_only=True)
+
+WARM_STARTS = Path(__file__).parent / "assets" / "warm_start"
+
+
+def resolve_init(init: str) -> Path:
+    """`builtin:<name>` -> the shipped warm start's directory; anything else is a path."""
+    if init.startswith("builtin:"):
+        name = init[len("builtin:"):]
+        path = WARM_STARTS / name
+        if not path.is_dir():
+            shipped = sorted(p.name for p in WARM_STARTS.iterdir()) if WARM_STARTS.is_dir() else []
+            raise ConfigError(f"model.init={init!r}: no shipped warm start {name!r}; allowed: "
+                              f"{', '.join('builtin:' + n for n in shipped) or 'none'}")
+        return path
+    return Path(init)
+
+
+def load_initial_weights(model: Qwen2, init: str) -> None:
+    """Overwrite `model`'s weights from `init`: a training or SFT workdir (its latest orbax
+    checkpoint), a Hugging Face directory, or `builtin:<name>` (a shipped warm start)."""
+    from flax import nnx
+
+    path = resolve_init(init)
+    if (path / "checkpoints").is_dir():
+        checkpoints = Checkpoints(path, read_only=True)
         step = checkpoints.latest_step()
         if step is None:
-            raise CheckpointError(f"model.init={m.init!r} has no checkpoint under {checkpoints.directory}")
+            raise CheckpointError(f"model.init={init!r} has no checkpoint under {checkpoints.directory}")
         nnx.update(model, checkpoints.restore_policy(step, nnx.state(model)))
-    return model, tokenizer
+        return
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints nor a Hugging Face "
+                          "directory (config.json + safetensors)")
+    try:
+        source = hf.load_pretrained(path, dtype=model.cfg.dtype, param_dtype=model.cfg.param_dtype)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.init={init!r}: {str(err).splitlines()[0]}") from None
+    want = jax.tree.map(lambda x: x.shape, nnx.state(model))
+    got = jax.tree.map(lambda x: x.shape, nnx.state(source))
+    if want != got:
+        raise ConfigError(f"model.init={init!r} holds a model of another shape than model.preset="
+                          f"{model.cfg!r:.60}…")
+    nnx.update(model, jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
+                                   nnx.state(source), nnx.state(model)))
 
 
 def make_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:

@@ -1,4 +1,6 @@
-"""`python -m ragen_jax.train --config configs/<name>.py [--config.key=value ...] --workdir DIR`
+"""`python -m ragen_jax.train --config configs/<name>.py [--config.key=value ...] [--workdir DIR]`
+
+The workdir defaults to runs/<config name>.
 
 The host loop around the compiled train step: it only logs, validates, checkpoints and
 decides when to stop. Running the same command on a workdir that has checkpoints resumes from
@@ -37,7 +39,9 @@ def parse_args(argv, description: str, workdir_required: bool = True):
     """argparse for --config/--workdir plus free-form `--config.a.b=value` overrides."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="a config file with get_config(), e.g. configs/sokoban_tiny.py")
-    parser.add_argument("--workdir", required=workdir_required, help="where metrics and checkpoints go")
+    parser.add_argument("--workdir", required=workdir_required,
+                        help="where metrics and checkpoints go" + ("" if workdir_required else
+                                                                   " (default: runs/<config name>)"))
     args, rest = parser.parse_known_args(argv)
     overrides = {}
     for item in rest:
@@ -269,10 +273,12 @@ def train(config, workdir: Path, devices=None) -> int:
 
 
 def main(argv=None) -> int:
-    args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).")
+    args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).",
+                                 workdir_required=False)
+    workdir = Path(args.workdir) if args.workdir else Path("runs") / Path(args.config).stem
     try:
         config = load_config(args.config, overrides)
-        return train(config, Path(args.workdir))
+        return train(config, workdir)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -5,4 +5,4 @@ from ragen_jax.config import tiny_cpu_config
 
 
 def get_config():
-    return tiny_cpu_config("FrozenLake")
+    return tiny_cpu_config("FrozenLake", warm_start="builtin:frozenlake-tiny")

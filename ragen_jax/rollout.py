@@ -103,6 +103,26 @@ class Policy:
         raise NotImplementedError
 
 
+class ScriptedPolicy(Policy):
+    """Writes given token ids: tokens[b, turn, :lengths[b, turn]] each turn (demonstrations for
+    the supervised warm start, and a stand-in for a model in tests). No cache, no model."""
+
+    def __init__(self, tokens, lengths):
+        self.tokens, self.lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+
+    def init_cache(self, batch, length):
+        return jnp.zeros(())
+
+    def prefill(self, cache, tokens, mask, offset, prev_logits):
+        return cache, jnp.zeros((tokens.shape[0], 1)) if prev_logits is None else prev_logits
+
+    def decode(self, cache, logits, offset, key, done, turn):
+        lengths = jnp.where(done, 0, self.lengths[:, turn])
+        tokens = jnp.where(jnp.arange(self.tokens.shape[2]) < lengths[:, None], self.tokens[:, turn], 0)
+        return cache, sampling.DecodeOutput(tokens=tokens, logprobs=jnp.zeros(tokens.shape, jnp.float32),
+                                            lengths=lengths, done=done, logits=logits)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelPolicy(Policy):
     model: Qwen2

@@ -41,8 +41,7 @@ from flax import nnx
 
 from ragen_jax.batch import batch_from_trajectories, policy_logprobs
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
-from ragen_jax.models import sampling
-from ragen_jax.rollout import Policy, RolloutConfig, Trajectories, initial_states, rollout
+from ragen_jax.rollout import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
 
 NOISE = 0.1
 
@@ -104,25 +103,6 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
     return texts
 
 
-class _Scripted(Policy):
-    """Writes given token ids each turn (the demonstrations)."""
-
-    def __init__(self, tokens, lengths):
-        self.tokens, self.lengths = tokens, lengths
-
-    def init_cache(self, batch, length):
-        return jnp.zeros(())
-
-    def prefill(self, cache, tokens, mask, offset, prev_logits):
-        return cache, jnp.zeros((tokens.shape[0], 1)) if prev_logits is None else prev_logits
-
-    def decode(self, cache, logits, offset, key, done, turn):
-        lengths = jnp.where(done, 0, self.lengths[:, turn])
-        tokens = jnp.where(jnp.arange(self.tokens.shape[2]) < lengths[:, None], self.tokens[:, turn], 0)
-        return cache, sampling.DecodeOutput(tokens=tokens, logprobs=jnp.zeros(tokens.shape, jnp.float32),
-                                            lengths=lengths, done=done, logits=logits)
-
-
 def demonstrations(key, env, env_params, codec, prompt, tokenizer, config: RolloutConfig, noise: float = NOISE,
                    rng: np.random.Generator | None = None) -> Trajectories:
     """One batch of demonstration trajectories (`config.batch` episodes, one per group)."""
@@ -141,7 +121,7 @@ def demonstrations(key, env, env_params, codec, prompt, tokenizer, config: Rollo
 def _demo_rollout(key, tokens, lengths, env, env_params, codec, prompt, config):
     fn = _DEMO_ROLLOUTS.get((env.name, env_params, config))
     if fn is None:
-        fn = jax.jit(lambda k, tk, ln, c, p: rollout(k, _Scripted(tk, ln), env, env_params, c, p, config))
+        fn = jax.jit(lambda k, tk, ln, c, p: rollout(k, ScriptedPolicy(tk, ln), env, env_params, c, p, config))
         _DEMO_ROLLOUTS[(env.name, env_params, config)] = fn
     return fn(key, tokens, lengths, codec, prompt)
 

@@ -89,7 +89,7 @@ class AlgoConfig:
         if self.name == "ppo" and self.advantage != "gae":
             raise ValueError(f"algo.advantage={self.advantage!r}: PPO uses the critic's GAE ('gae')")
         if self.name != "ppo" and self.advantage == "gae":
-            raise ValueError(f"algo.advantage='gae' needs a critic: only algo.name='ppo' trains one")
+            raise ValueError("algo.advantage='gae' needs a critic: only algo.name='ppo' trains one")
 
     @property
     def uses_critic(self) -> bool:

@@ -27,7 +27,6 @@ def turn_texts(tok, traj, b, t):
     """(observation text, generated text) of turn t of row b, from the buffer."""
     tokens, mask = np.asarray(traj.tokens[b]), np.asarray(traj.mask[b])
     start = traj.turn_offsets[t]
-    end = traj.turn_offsets[t + 1] if t + 1 < len(traj.turn_offsets) else tokens.shape[0]
     prev = traj.turn_offsets[t - 1] if t else 0
     obs = tok.decode(tokens[prev:start][mask[prev:start]])
     gen = tok.decode(tokens[start:start + CONFIG.max_new_tokens][mask[start:start + CONFIG.max_new_tokens]])

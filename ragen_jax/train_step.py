@@ -132,9 +132,12 @@ class Trainer:
         )
         if self.mesh is not None:  # scalars and keys replicated; optimiser moments follow their params
             rep = sharding.replicated(self.mesh)
-            state = jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
-                                 else jax.device_put(x, rep), state)
-        return state
+            return jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
+                                else jax.device_put(x, rep), state)
+        # Every leaf committed to one device: a state mixing committed leaves (weights loaded with
+        # device_put) and uncommitted ones (fresh scalars) comes back from the step all committed,
+        # which misses the jit cache and compiles the step a second time.
+        return jax.device_put(state, jax.devices()[0])
 
     def _compile(self, fn):
         if self.mesh is None:

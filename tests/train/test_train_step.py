@@ -238,9 +238,14 @@ def test_gradient_analysis_runs_in_the_step_on_the_diagnostics_schedule(setup):
     config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
                         algo=AlgoConfig.preset("ppo", mini_batch_size=4), grad_buckets=2)
     tr = Trainer(config, model, env, params, codec, prompt)
-    state = tr.init_state(jax.random.key(0), model)
+    # Weights committed to a device, as a warm start or a Hugging Face load leaves them: the
+    # second step must reuse the first step's compilation.
+    warm = nnx.clone(model)
+    nnx.update(warm, jax.device_put(nnx.state(warm), jax.devices()[0]))
+    state = tr.init_state(jax.random.key(0), warm)
     state, first = tr.step(state)
     state, second = tr.step(state)
+    assert tr.step._cache_size() == 1
     names = [f"grad/bucket{b}/{m}" for b in range(2) for m in ("task_norm", "reg_norm", "groups")]
     assert all(np.isfinite(float(first[n])) for n in names)
     assert float(first["grad/bucket0/groups"]) + float(first["grad/bucket1/groups"]) == 4

@@ -37,7 +37,9 @@ _KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
 
 def parse_args(argv, description: str, workdir_required: bool = True):
     """argparse for --config/--workdir plus free-form `--config.a.b=value` overrides."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, epilog=(
+        "Any config key can be overridden after --config, e.g. --config.seed=1 --config.algo.name=grpo "
+        "--config.rollout.temperature=0.7 (every key and its default: ragen_jax/config.py)."))
     parser.add_argument("--config", required=True, help="a config file with get_config(), e.g. configs/sokoban_tiny.py")
     parser.add_argument("--workdir", required=workdir_required,
                         help="where metrics and checkpoints go" + ("" if workdir_required else

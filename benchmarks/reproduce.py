@@ -1,0 +1,245 @@
+"""The learning runs and the small-scale reproduction study behind docs/results.md.
+
+    # does the default CPU run learn? start vs end validation success, per seed
+    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn
+
+    # the paper's findings: Top-p 0.9 vs Top-k vs no filter, PPO and GRPO, per seed
+    python benchmarks/reproduce.py study --env frozenlake --seeds 0 1 2 --steps 40 --out results/study
+
+    # tables (markdown), correlations, gradient buckets and one figure per env
+    python benchmarks/reproduce.py report --out results/study --figures docs/figures
+
+Every run is an ordinary `ragen_jax.train` run of `configs/<env>_tiny.py` in
+`<out>/<env>/<arm>/seed<k>` (metrics.jsonl, checkpoints), so a crashed study resumes where it
+stopped: finished runs are skipped, interrupted ones resume from their last checkpoint.
+The statistics themselves live in `ragen_jax.study` (tested against independent references).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py"}
+# The study's arms: the filter (SPEC §4: Top-p on reward variance, Top-k keeping the same
+# fraction of groups on average as the paper's comparison, or none) × the algorithm.
+FILTERS = {
+    "top_p": {"filter.strategy": "top_p", "filter.rho": "0.9"},
+    "top_k": {"filter.strategy": "top_k", "filter.rho": "0.25"},
+    "none": {"filter.strategy": "none"},
+}
+ALGOS = ("ppo", "grpo")
+
+
+def run_config(env: str, seed: int, overrides: dict[str, str]):
+    from ragen_jax import config as config_lib
+
+    config = config_lib.load_config_file(str(CONFIGS[env]))
+    return config_lib.apply_overrides(config, {"seed": str(seed), "logging.progress": "false",
+                                               "logging.tensorboard": "false", **overrides})
+
+
+def finished(workdir: Path, steps: int) -> bool:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return False
+    lines = path.read_text().splitlines()
+    return bool(lines) and json.loads(lines[-1])["step"] >= steps
+
+
+def initial_validation(config) -> dict[str, float]:
+    """Validation success of the initial policy (the warm start) on the run's validation levels."""
+    from flax import nnx
+
+    from ragen_jax.evaluation import EvalConfig, Validator
+    from ragen_jax.experiment import make_experiment
+
+    exp = make_experiment(config)
+    e = config.eval
+    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
+                          EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
+                                     temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
+    metrics, _ = validator(nnx.state(exp.model))
+    return metrics
+
+
+def train_one(config, workdir: Path, steps: int) -> None:
+    from ragen_jax.train import train
+
+    if finished(workdir, steps):
+        print(f"{workdir}: already finished", file=sys.stderr)
+        return
+    workdir.mkdir(parents=True, exist_ok=True)
+    code = train(config, workdir)
+    if code not in (0, None):
+        raise SystemExit(f"{workdir}: training exited with code {code}")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def learn(args) -> None:
+    """The default config per seed; validation on `eval_episodes` levels before and during."""
+    for seed in args.seeds:
+        workdir = args.out / args.env / f"seed{seed}"
+        overrides = {"eval.num_envs": str(args.eval_episodes), "train.val_every": str(args.val_every),
+                     **({"train.steps": str(args.steps)} if args.steps else {}), **dict(args.set)}
+        config = run_config(args.env, seed, overrides)
+        start_file = workdir / "start_validation.json"
+        if not start_file.exists():
+            start = initial_validation(config)
+            workdir.mkdir(parents=True, exist_ok=True)
+            start_file.write_text(json.dumps(start, indent=2))
+        train_one(config, workdir, config.train.steps)
+
+
+def study(args) -> None:
+    """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on."""
+    for seed in args.seeds:
+        for filter_name in args.filters:
+            for algo in args.algos:
+                workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
+                overrides = {**FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
+                             "train.val_every": str(args.val_every), "eval.num_envs": str(args.eval_episodes),
+                             "grad_buckets": str(args.grad_buckets), "early_stop.val_patience": "0",
+                             "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
+                             **dict(args.set)}
+                train_one(run_config(args.env, seed, overrides), workdir, args.steps)
+
+
+def _records(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def report(args) -> None:
+    """Markdown tables on stdout (and a figure per env with --figures) from every run under --out."""
+    from ragen_jax import study as st
+
+    runs: dict[tuple[str, str], list[list[dict]]] = {}
+    for metrics in sorted(args.out.glob("*/*/seed*/metrics.jsonl")) + sorted(args.out.glob("*/seed*/metrics.jsonl")):
+        workdir = metrics.parent
+        parts = workdir.relative_to(args.out).parts
+        env, arm = parts[0], (parts[1] if len(parts) == 3 else "default")
+        runs.setdefault((env, arm), []).append(_records(workdir))
+    if not runs:
+        raise SystemExit(f"no runs under {args.out} (expected <env>/<arm>/seed<k>/metrics.jsonl)")
+    print(results_tables(runs, st, args.out))
+    if args.figures:
+        for env in sorted({env for env, _ in runs}):
+            path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures)
+            print(f"\nfigure: {path}")
+
+
+def results_tables(runs, st, out: Path) -> str:
+    columns = ["start_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
+               "mean_reasoning_entropy", "mean_kept_ratio", "mean_step_seconds"]
+    lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
+    for (env, arm), records in sorted(runs.items()):
+        rows = [st.summarise_run(r) for r in records]
+        cells = []
+        for c in columns:
+            values = [row[c] for row in rows if not math.isnan(row[c])]
+            mean = sum(values) / len(values) if values else math.nan
+            spread = (max(values) - min(values)) / 2 if len(values) > 1 else math.nan
+            cells.append(_fmt(mean) + ("" if math.isnan(spread) else f" ± {_fmt(spread)}"))
+        lines.append(f"| {env} | {arm} | {len(rows)} | " + " | ".join(cells) + " |")
+    starts = sorted(out.glob("**/start_validation.json"))
+    if starts:
+        lines += ["", "| run | start validation success (initial policy) | end validation success |",
+                  "| --- | ---: | ---: |"]
+        for path in starts:
+            records = _records(path.parent)
+            end = [r["val/success"] for r in records if "val/success" in r]
+            lines.append(f"| {path.parent.relative_to(out)} | {_fmt(json.loads(path.read_text())['success'])} | "
+                         f"{_fmt(end[-1] if end else math.nan)} |")
+    lines += ["", "| env | Spearman(MI-ZScore, success) | Spearman(reasoning entropy, success) | points |",
+              "| --- | ---: | ---: | ---: |"]
+    for env in sorted({env for env, _ in runs}):
+        all_runs = [r for (e, _), rs in runs.items() if e == env for r in rs]
+        mx, my = st.checkpoint_points(all_runs, st.MI_ZSCORE)
+        ex, ey = st.checkpoint_points(all_runs, st.REASONING_ENTROPY)
+        lines.append(f"| {env} | {_fmt(st.spearman(mx, my))} | {_fmt(st.spearman(ex, ey))} | {len(mx)} |")
+    for env in sorted({env for env, _ in runs}):
+        table = st.gradient_buckets([r for (e, _), rs in runs.items() if e == env for r in rs])
+        if table:
+            lines += ["", f"Gradient norms by reward-std bucket ({env}; 0 = lowest in-group reward std):", "",
+                      "| bucket | groups | task-gradient norm | regularisation-gradient norm | task / reg |",
+                      "| ---: | ---: | ---: | ---: | ---: |"]
+            for row in table:
+                lines.append(f"| {int(row['bucket'])} | {_fmt(row.get('groups', math.nan), 1)} | "
+                             f"{_fmt(row.get('task_norm', math.nan), 4)} | {_fmt(row.get('reg_norm', math.nan), 4)} | "
+                             f"{_fmt(row.get('task_over_reg', math.nan), 2)} |")
+    return "\n".join(lines)
+
+
+def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Path:
+    """Success and MI-ZScore over steps, one line per arm (mean over seeds at each step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from ragen_jax import study as st
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for arm, runs in sorted(arms.items()):
+        for ax, key in zip(axes, (st.SUCCESS, st.MI_ZSCORE)):
+            by_step: dict[int, list[float]] = {}
+            for records in runs:
+                for r in records:
+                    v = r.get(key)
+                    if v is not None and math.isfinite(v):
+                        by_step.setdefault(int(r["step"]), []).append(v)
+            steps = sorted(by_step)
+            values = np.array([np.mean(by_step[s]) for s in steps])
+            if key == st.SUCCESS and len(values) >= 5:  # a 5-step moving average: single steps are noisy
+                values = np.convolve(values, np.ones(5) / 5, mode="valid")
+                steps = steps[4:]
+            ax.plot(steps, values, label=arm)
+    axes[0].set(title=f"{env}: training success (5-step mean)", xlabel="step")
+    axes[1].set(title=f"{env}: MI-ZScore (first turn)", xlabel="step")
+    axes[0].legend(fontsize=8)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"study_{env}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("learn", "study"):
+        p = sub.add_parser(name)
+        p.add_argument("--env", choices=sorted(CONFIGS), required=True)
+        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--steps", type=int, default=0 if name == "learn" else 40)
+        p.add_argument("--val-every", type=int, default=20 if name == "learn" else 10)
+        p.add_argument("--eval-episodes", type=int, default=128 if name == "learn" else 32)
+        p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
+                       metavar="KEY=VALUE", help="any other config override, e.g. rollout.num_groups=2")
+        if name == "study":
+            p.add_argument("--filters", nargs="+", choices=sorted(FILTERS), default=["top_p", "top_k", "none"])
+            p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+            p.add_argument("--grad-buckets", type=int, default=6)
+    p = sub.add_parser("report")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--figures", type=Path, default=None)
+    args = parser.parse_args(argv)
+    {"learn": learn, "study": study, "report": report}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

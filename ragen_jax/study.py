@@ -1,0 +1,124 @@
+"""Statistics over finished training runs, for the reproduction study (benchmarks/reproduce.py).
+
+Everything here reads `metrics.jsonl` records (one dict per logged step, as `train` writes
+them) and returns plain numbers, so the study's tables can be recomputed from the logs alone:
+
+- `summarise_run`: one run's row of the results table (final / peak success, MI-ZScore,
+  retrieval accuracy, reasoning entropy, kept ratio, step time);
+- `checkpoint_points` + `spearman`: the paper's "MI-ZScore vs success" and "reasoning entropy vs
+  success" rank correlations across runs and diagnostic checkpoints;
+- `gradient_buckets`: task- and regularisation-gradient norms by reward-std bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+SUCCESS = "rollout/success"
+VAL_SUCCESS = "val/success"
+MI_ZSCORE = "mi/first_turn/mi_zscore"
+RETRIEVAL = "mi/first_turn/retrieval_acc"
+REASONING_ENTROPY = "mi/first_turn/reasoning_entropy_est"
+KEPT = "filter/kept_ratio"
+STEP_SECONDS = "time/step_seconds"
+
+
+def _finite(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) for every record where `key` is logged and finite (diagnostics and
+    validation are only computed on their schedule)."""
+    out = []
+    for r in records:
+        v = r.get(key)
+        if v is not None and math.isfinite(v):
+            out.append((int(r["step"]), float(v)))
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
+    """One run: success is validation success when the run validated (else the rollout's);
+    `final_*` is the mean over the last `last` measurements (one measurement is noisy),
+    `peak_success` the best single one; diagnostics are averaged over the run's checkpoints."""
+    success = _finite(records, VAL_SUCCESS) or _finite(records, SUCCESS)
+    values = [v for _, v in success]
+    mi = [v for _, v in _finite(records, MI_ZSCORE)]
+    return {
+        "start_success": values[0] if values else math.nan,
+        "final_success": _mean(values[-last:]),
+        "peak_success": max(values) if values else math.nan,
+        "final_mi_zscore": _mean(mi[-last:]),
+        "mean_mi_zscore": _mean(mi),
+        "mean_retrieval_acc": _mean([v for _, v in _finite(records, RETRIEVAL)]),
+        "mean_reasoning_entropy": _mean([v for _, v in _finite(records, REASONING_ENTROPY)]),
+        "mean_kept_ratio": _mean([v for _, v in _finite(records, KEPT)]),
+        "mean_step_seconds": _mean([v for _, v in _finite(records, STEP_SECONDS)][1:]),  # step 1 compiles
+        "steps": float(records[-1]["step"]) if records else 0.0,
+    }
+
+
+def checkpoint_points(runs: Iterable[list[dict]], x_key: str, y_key: str = SUCCESS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) at every step of every run where both are logged: the diagnostic checkpoints."""
+    xs, ys = [], []
+    for records in runs:
+        for r in records:
+            x, y = r.get(x_key), r.get(y_key)
+            if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+                xs.append(float(x))
+                ys.append(float(y))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank (so tied successes do not invent order)."""
+    values = np.asarray(values, np.float64)
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    out = np.empty(len(values), np.float64)
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        out[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return out
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: the Pearson correlation of the ranks (NaN when either side is constant
+    or there are fewer than 3 points)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) != len(y):
+        raise ValueError(f"spearman needs equal lengths, got {len(x)} and {len(y)}")
+    if len(x) < 3:
+        return math.nan
+    rx, ry = ranks(x) - (len(x) + 1) / 2, ranks(y) - (len(y) + 1) / 2
+    denominator = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(rx @ ry) / denominator if denominator > 0 else math.nan
+
+
+def gradient_buckets(runs: Iterable[list[dict]]) -> list[dict[str, float]]:
+    """Per reward-std bucket (0 = lowest std), the mean task and regularisation gradient norms
+    and the mean number of groups over every measured step of every run."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for records in runs:
+        for r in records:
+            for key, v in r.items():
+                if not key.startswith("grad/bucket") or v is None or not math.isfinite(v):
+                    continue
+                bucket, name = key[len("grad/bucket"):].split("/", 1)
+                sums.setdefault(int(bucket), {}).setdefault(name, []).append(float(v))
+    table = []
+    for bucket in sorted(sums):
+        row = {"bucket": float(bucket)}
+        row.update({name: float(np.mean(v)) for name, v in sorted(sums[bucket].items())})
+        if row.get("task_norm") is not None and row.get("reg_norm"):
+            row["task_over_reg"] = row["task_norm"] / row["reg_norm"]
+        table.append(row)
+    return table

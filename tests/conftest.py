@@ -1,9 +1,14 @@
 """Test-session setup: 8 fake CPU devices so sharding tests run in the same process."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One XLA compilation cache per test session, inherited by subprocesses: the command-line and
+# notebook tests start fresh Python processes that would compile the same train step again.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="ragen_jax_xla_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 from hypothesis import settings  # noqa: E402
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ragen_jax.envs.base import Environment
+from ragen_jax.envs.countdown import COUNTDOWN, CountdownParams
 from ragen_jax.envs.frozenlake import FROZENLAKE, FrozenLakeParams
 from ragen_jax.envs.sokoban import LARGER_SOKOBAN, SIMPLE_SOKOBAN, SOKOBAN
 
@@ -12,8 +13,9 @@ PRESETS: dict[str, tuple[Environment, object]] = {
     "SimpleSokoban": (SOKOBAN, SIMPLE_SOKOBAN),
     "LargerSokoban": (SOKOBAN, LARGER_SOKOBAN),
     "FrozenLake": (FROZENLAKE, FrozenLakeParams()),
+    "Countdown": (COUNTDOWN, CountdownParams()),
 }
-ALIASES = {"sokoban": "SimpleSokoban", "frozenlake": "FrozenLake"}
+ALIASES = {"sokoban": "SimpleSokoban", "frozenlake": "FrozenLake", "countdown": "Countdown"}
 
 
 def names() -> list[str]:

@@ -315,14 +315,16 @@ def to_json(config: ml_collections.ConfigDict) -> str:
     return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
-def differences(saved: dict, new: dict, prefix="") -> list[str]:
-    """Keys whose values differ (ignoring RESUMABLE_KEYS), as 'key: old -> new'."""
+def differences(saved: dict, new: dict, prefix="", defaults: dict | None = None) -> list[str]:
+    """Keys whose values differ (ignoring RESUMABLE_KEYS), as 'key: old -> new'. A key the
+    saved config predates counts as its default (a run saved before the key existed)."""
+    defaults = default_config().to_dict() if defaults is None else defaults
     out = []
     for key in sorted(set(saved) | set(new)):
         name = f"{prefix}{key}"
-        a, b = saved.get(key), new.get(key)
+        a, b = saved.get(key, defaults.get(key)), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, name + ".")
+            out += differences(a, b, name + ".", defaults.get(key) if isinstance(defaults.get(key), dict) else {})
         elif a != b and name not in RESUMABLE_KEYS:
             out.append(f"{name}: {a!r} -> {b!r}")
     return out

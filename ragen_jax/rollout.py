@@ -11,6 +11,10 @@ stepped with the parsed actions. Unused slots (short observations, early stops, 
 trajectories) are holes: masked out of attention, skipped by RoPE positions. So the training
 forward over the final buffer sees exactly the text the sampler saw.
 
+An environment whose answers are text (`env.answer_kind == "text"`: Countdown, QA) gets the
+bytes of the `<answer>` group in one `env.step_text` call instead; it says whether the answer
+was readable (`info["action_is_valid"]`), and a readable answer counts as one action.
+
 A turn without a valid action costs `format_penalty` and does not step the env. A trajectory
 ends when the env is done, the action budget `max_actions_per_traj` is spent, or after
 `max_turns`. Its reward (env rewards + penalties) is placed on its last generated token.
@@ -223,7 +227,7 @@ def rollout(
         total: jax.Array  # f32[B]
         last_slot: jax.Array  # int32[B] the last generated token's slot (-1: none yet)
 
-    def action_steps(carry: Carry, k_env, actions, num_parsed, format_ok, thought):
+    def action_steps(carry: Carry, k_env, actions, num_parsed, format_ok):
         active = ~carry.finished
         states, reward, taken = carry.states, jnp.zeros(batch, jnp.float32), carry.actions_taken
         for k in range(config.max_actions_per_turn):
@@ -233,9 +237,9 @@ def rollout(
             states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
             reward = reward + jnp.where(go, r, 0.0)
             taken = taken + go
-        return states, reward, taken, format_ok, actions, thought
+        return states, reward, taken, format_ok
 
-    def text_step(carry: Carry, k_env, answer, answer_len, matched, thought):
+    def text_step(carry: Carry, k_env, answer, answer_len, matched):
         active = ~carry.finished
         states, taken = carry.states, carry.actions_taken
         stepped, r, _, info = step_text(jax.random.split(jax.random.fold_in(k_env, 0), batch), states, answer,
@@ -243,8 +247,7 @@ def rollout(
         format_ok = matched & info["action_is_valid"]
         go = active & format_ok & ~states.done & (taken < config.max_actions_per_traj)
         states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
-        actions = jnp.zeros((batch, config.max_actions_per_turn), jnp.int32)
-        return states, jnp.where(go, r, 0.0), taken + go, format_ok, actions, thought
+        return states, jnp.where(go, r, 0.0), taken + go, format_ok
 
     def play_turn(carry: Carry, turn: int, turn_key):
         k_decode, k_env = jax.random.split(turn_key)
@@ -265,12 +268,13 @@ def rollout(
 
         # 3. parse, then step the env with each parsed action while budget and episode last
         #    (a text answer is one action, valid when the env can read it)
+        *parsed, thought = read_answer(out.tokens, generated)
         if text_answers:
-            states, reward, taken, format_ok, actions, thought = text_step(carry, k_env, *read_answer(out.tokens,
-                                                                                                      generated))
+            states, reward, taken, format_ok = text_step(carry, k_env, *parsed)
+            actions = jnp.zeros((batch, config.max_actions_per_turn), jnp.int32)
         else:
-            states, reward, taken, format_ok, actions, thought = action_steps(carry, k_env, *read_answer(
-                out.tokens, generated))
+            states, reward, taken, format_ok = action_steps(carry, k_env, *parsed)
+            actions = parsed[0]
         invalid = active & ~format_ok
         reward = reward + jnp.where(invalid, config.format_penalty, 0.0)
 

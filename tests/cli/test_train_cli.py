@@ -205,3 +205,15 @@ def test_countdown_tiny_runs_a_training_step(tmp_path):
     assert record["step"] == 1 and record["rollout/turns"] == 1.0
     # a random model writes no valid expression: every episode is one format penalty
     assert record["rollout/return"] == pytest.approx(-0.1) and np.isfinite(record["actor/loss"])
+
+
+def test_a_config_saved_before_new_keys_existed_still_resumes():
+    from ragen_jax import config as config_lib
+
+    new = config_lib.default_config().to_dict()
+    saved = config_lib.default_config().to_dict()
+    for key in ("data_path", "data_dir", "num_records", "data_seed", "max_attempts"):
+        saved["env"].pop(key)  # as written before MathQA existed
+    assert config_lib.differences(saved, new) == []
+    new["env"]["data_path"] = "qa.jsonl"
+    assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]

@@ -42,7 +42,13 @@ class ConfigError(ValueError):
 def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.env = ml_collections.ConfigDict(dict(name="SimpleSokoban", max_steps=0))  # 0: the preset's
+    c.env = ml_collections.ConfigDict(dict(
+        name="SimpleSokoban", max_steps=0,  # 0: the preset's
+        # MathQA only: records from a local file (JSON lines / JSON / parquet), else `num_records`
+        # generated arithmetic problems from `data_seed`; prepared by tensorflow-datasets under
+        # `data_dir` ("" : its default); a question allows `max_attempts` valid answers.
+        data_path="", data_dir="", num_records=1000, data_seed=0, max_attempts=1,
+    ))
     c.model = ml_collections.ConfigDict(dict(
         preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
         path="",  # a local Hugging Face checkpoint directory (config.json + safetensors)
@@ -216,12 +222,31 @@ def _wrap(section: str, build):
         raise ConfigError(message) from None
 
 
+QA_KEYS = {"data_path": "data_path", "data_dir": "data_dir", "num_records": "num_records", "data_seed": "seed",
+           "max_attempts": "max_attempts"}
+
+
+def env_arguments(config: ml_collections.ConfigDict) -> dict:
+    """The keyword arguments `registry.make` gets for `config.env`; the dataset keys are for
+    MathQA only (setting one for another env is an error, not silently ignored)."""
+    e, defaults = config.env, default_config().env
+    is_qa = registry.ALIASES.get(e.name, e.name) in registry.FACTORIES
+    if is_qa:
+        if e.max_steps:
+            raise ConfigError(f"env.max_steps={e.max_steps} is not used by {e.name}; use env.max_attempts")
+        return {arg: e[key] for key, arg in QA_KEYS.items()}
+    for key in QA_KEYS:
+        if e.get(key, defaults[key]) != defaults[key]:
+            raise ConfigError(f"env.{key}={e[key]!r} is only used by MathQA, not {e.name}")
+    return {"max_steps": e.max_steps} if e.max_steps else {}
+
+
 def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     """Validate the whole config and build the static configs (no arrays, no compiles)."""
     if config.env.name not in registry.names():
         raise ConfigError(f"env.name={config.env.name!r} is not a known environment; allowed: "
                           f"{', '.join(registry.names())}")
-    env_overrides = {"max_steps": config.env.max_steps} if config.env.max_steps else {}
+    env_overrides = env_arguments(config)
     _wrap("env", lambda: registry.make(config.env.name, **env_overrides))
     if not config.model.path and not config.model.preset:
         raise ConfigError("model.path is required by this config: a local Hugging Face checkpoint directory "
@@ -290,14 +315,16 @@ def to_json(config: ml_collections.ConfigDict) -> str:
     return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
-def differences(saved: dict, new: dict, prefix="") -> list[str]:
-    """Keys whose values differ (ignoring RESUMABLE_KEYS), as 'key: old -> new'."""
+def differences(saved: dict, new: dict, prefix="", defaults: dict | None = None) -> list[str]:
+    """Keys whose values differ (ignoring RESUMABLE_KEYS), as 'key: old -> new'. A key the
+    saved config predates counts as its default (a run saved before the key existed)."""
+    defaults = default_config().to_dict() if defaults is None else defaults
     out = []
     for key in sorted(set(saved) | set(new)):
         name = f"{prefix}{key}"
-        a, b = saved.get(key), new.get(key)
+        a, b = saved.get(key, defaults.get(key)), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, name + ".")
+            out += differences(a, b, name + ".", defaults.get(key) if isinstance(defaults.get(key), dict) else {})
         elif a != b and name not in RESUMABLE_KEYS:
             out.append(f"{name}: {a!r} -> {b!r}")
     return out

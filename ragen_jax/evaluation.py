@@ -270,7 +270,8 @@ def render_trajectories(
                 break
             actions = [action_name(int(a)) for a in turn_actions[b, t] if int(a) > 0]
             valid = bool(turn_valid[b, t])
-            parsed = ", ".join(actions) if valid and actions else "none (invalid answer: format penalty, no env step)"
+            parsed = (", ".join(actions) if actions else "the answer text (read by the env)") if valid \
+                else "none (invalid answer: format penalty, no env step)"
             out += [f"---- Turn {t + 1} ----",
                     "[observation]",
                     _block(decode(segment(b, layout.observation(t)))),

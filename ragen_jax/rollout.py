@@ -11,6 +11,10 @@ stepped with the parsed actions. Unused slots (short observations, early stops, 
 trajectories) are holes: masked out of attention, skipped by RoPE positions. So the training
 forward over the final buffer sees exactly the text the sampler saw.
 
+An environment whose answers are text (`env.answer_kind == "text"`: Countdown, QA) gets the
+bytes of the `<answer>` group in one `env.step_text` call instead; it says whether the answer
+was readable (`info["action_is_valid"]`), and a readable answer counts as one action.
+
 A turn without a valid action costs `format_penalty` and does not step the env. A trajectory
 ends when the env is done, the action budget `max_actions_per_traj` is spent, or after
 `max_turns`. Its reward (env rewards + penalties) is placed on its last generated token.
@@ -29,8 +33,9 @@ from flax import struct
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache
-from ragen_jax.text.codec import TextCodec, detokenize, ends_with_answer_close, parse_answer, reasoning_length
-from ragen_jax.text.prompt import PromptTemplate, observation_ids
+from ragen_jax.text.codec import (TextCodec, answer_text, detokenize, ends_with_answer_close, parse_answer,
+                                  reasoning_length)
+from ragen_jax.text.prompt import PromptTemplate, turn_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,10 +179,14 @@ def rollout(
     batch, turns, gen_len = config.batch, config.max_turns, config.max_new_tokens
     k_reset, k_turns = jax.random.split(key)
     states = shard_rows(initial_states(k_reset, env, env_params, config))
-    rows, cols = env.symbol_grid(jax.tree.map(lambda a: a[0], states), env_params).shape
+    state_tokens = jax.vmap(env.state_tokens, in_axes=(0, None, None))
+    render = jax.vmap(turn_ids, in_axes=(None, 0, None, 0, 0, 0, 0))
+    text_answers = env.answer_kind == "text"
 
     system_len = prompt.system_ids.shape[0]
-    obs_len = prompt.observation_capacity(codec, rows, cols)
+    obs_len = jax.eval_shape(lambda s: render(prompt, state_tokens(s, env_params, codec), 1, jnp.zeros(batch, jnp.int32),
+                                              jnp.zeros(batch), jnp.zeros(batch, bool), jnp.zeros(batch, bool)),
+                             states)[0].shape[1]
     turn_len = obs_len + gen_len
     length = system_len + turns * turn_len
 
@@ -190,16 +199,18 @@ def rollout(
     valid = shard_rows(jnp.zeros((batch, length), bool).at[:, :system_len].set(True))
     logprobs = shard_rows(jnp.zeros((batch, length), jnp.float32))
 
-    grids = jax.vmap(env.symbol_grid, in_axes=(0, None))
-    render = jax.vmap(observation_ids, in_axes=(None, None, 0, None, 0, 0, 0, 0))
-
     @jax.vmap
     def read_answer(ids, mask):
-        """Detokenize once; parse the actions and measure the reasoning from the same bytes."""
+        """Detokenize once; parse the actions (or cut out the answer text) and measure the
+        reasoning from the same bytes."""
         text = detokenize(codec, ids, mask)
-        return (*parse_answer(codec, *text), reasoning_length(codec, ids, mask, text))
+        parsed = answer_text(*text, env.max_answer_bytes) if text_answers else parse_answer(codec, *text)
+        return (*parsed, reasoning_length(codec, ids, mask, text))
 
-    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    if text_answers:
+        step_text = jax.vmap(env.step_text, in_axes=(0, 0, 0, 0, None, None))
+    else:
+        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     class Carry(struct.PyTreeNode):
         states: Any
@@ -216,6 +227,28 @@ def rollout(
         total: jax.Array  # f32[B]
         last_slot: jax.Array  # int32[B] the last generated token's slot (-1: none yet)
 
+    def action_steps(carry: Carry, k_env, actions, num_parsed, format_ok):
+        active = ~carry.finished
+        states, reward, taken = carry.states, jnp.zeros(batch, jnp.float32), carry.actions_taken
+        for k in range(config.max_actions_per_turn):
+            go = active & format_ok & (k < num_parsed) & ~states.done & (taken < config.max_actions_per_traj)
+            stepped, r, _, _ = step(jax.random.split(jax.random.fold_in(k_env, k), batch), states, actions[:, k],
+                                    env_params)
+            states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
+            reward = reward + jnp.where(go, r, 0.0)
+            taken = taken + go
+        return states, reward, taken, format_ok
+
+    def text_step(carry: Carry, k_env, answer, answer_len, matched):
+        active = ~carry.finished
+        states, taken = carry.states, carry.actions_taken
+        stepped, r, _, info = step_text(jax.random.split(jax.random.fold_in(k_env, 0), batch), states, answer,
+                                        answer_len, env_params, codec.env_tables)
+        format_ok = matched & info["action_is_valid"]
+        go = active & format_ok & ~states.done & (taken < config.max_actions_per_traj)
+        states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
+        return states, jnp.where(go, r, 0.0), taken + go, format_ok
+
     def play_turn(carry: Carry, turn: int, turn_key):
         k_decode, k_env = jax.random.split(turn_key)
         active = ~carry.finished
@@ -223,7 +256,7 @@ def rollout(
         gen_offset = obs_offset + obs_len
 
         # 1. observation -> ids -> cache (finished rows get an all-hole chunk)
-        ids, mask = render(prompt, codec, grids(carry.states, env_params), turn + 1,
+        ids, mask = render(prompt, state_tokens(carry.states, env_params, codec), turn + 1,
                            config.max_actions_per_traj - carry.actions_taken, carry.last_reward,
                            carry.last_invalid, carry.closed)
         mask = mask & active[:, None]
@@ -234,15 +267,14 @@ def rollout(
         generated = jnp.arange(gen_len)[None, :] < out.lengths[:, None]
 
         # 3. parse, then step the env with each parsed action while budget and episode last
-        actions, num_parsed, format_ok, thought = read_answer(out.tokens, generated)
-        states, reward, taken = carry.states, jnp.zeros(batch, jnp.float32), carry.actions_taken
-        for k in range(config.max_actions_per_turn):
-            go = active & format_ok & (k < num_parsed) & ~states.done & (taken < config.max_actions_per_traj)
-            stepped, r, _, _ = step(jax.random.split(jax.random.fold_in(k_env, k), batch), states, actions[:, k],
-                                    env_params)
-            states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
-            reward = reward + jnp.where(go, r, 0.0)
-            taken = taken + go
+        #    (a text answer is one action, valid when the env can read it)
+        *parsed, thought = read_answer(out.tokens, generated)
+        if text_answers:
+            states, reward, taken, format_ok = text_step(carry, k_env, *parsed)
+            actions = jnp.zeros((batch, config.max_actions_per_turn), jnp.int32)
+        else:
+            states, reward, taken, format_ok = action_steps(carry, k_env, *parsed)
+            actions = parsed[0]
         invalid = active & ~format_ok
         reward = reward + jnp.where(invalid, config.format_penalty, 0.0)
 

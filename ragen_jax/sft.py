@@ -238,6 +238,9 @@ def main(argv=None) -> int:
         with config.unlocked():
             config.model.init = ""
         exp = make_experiment(config)
+        if exp.env.answer_kind != "actions":
+            raise ConfigError(f"env.name={config.env.name!r}: solver demonstrations exist for the board games only "
+                              f"(SimpleSokoban, LargerSokoban, FrozenLake)")
         if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
             raise ConfigError(f"workdir {workdir} already has checkpoints; use a new --workdir")
     except (ConfigError, CheckpointError, ValueError) as err:

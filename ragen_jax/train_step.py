@@ -100,7 +100,9 @@ class Trainer:
             if size % shards:
                 raise ValueError(f"{name}={size} must be divisible by the mesh's data×fsdp size {shards}")
         self.rows = sharding.rows_constraint(mesh)
-        self.step = self._compile(self._step)
+        # The text tables (and a QA dataset among them) are arguments, not constants in the graph.
+        step = self._compile(self._step)
+        self.step = lambda state: step(state, self.codec, self.prompt)
         self.update = self._compile(self._update)
 
     # ------------------------------------------------------------------ state
@@ -154,14 +156,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, state: TrainState):
+    def _step(self, state: TrainState, codec: TextCodec, prompt: PromptTemplate):
         cfg = self.config
         key, k_rollout, k_update, k_diag = jax.random.split(state.key, 4)
         policy = nnx.merge(self.policy_graph, state.policy)
 
         # 1. rollout
-        traj = rollout(k_rollout, model_policy(policy, self.codec, self.prompt, cfg.rollout), self.env,
-                       self.env_params, self.codec, self.prompt, cfg.rollout, shard_rows=self.rows)
+        traj = rollout(k_rollout, model_policy(policy, codec, prompt, cfg.rollout), self.env,
+                       self.env_params, codec, prompt, cfg.rollout, shard_rows=self.rows)
         metrics = rollout_metrics(traj)
 
         # 2. diagnostics on the current policy, before filtering

@@ -27,7 +27,9 @@ def solver_plan(state) -> list[int] | None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ragen_jax.envs.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="sokoban", choices=registry.names())
+    games = [n for n in registry.names() if registry.ALIASES.get(n, n) in registry.PRESETS
+             and registry.PRESETS[registry.ALIASES.get(n, n)][0].answer_kind == "actions"]
+    parser.add_argument("--env", default="sokoban", choices=games, help="a board game (the solver plays it)")
     parser.add_argument("--levels", type=int, default=3, help="how many generated levels to print")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", default="grid", choices=("grid", "grid_coord"))

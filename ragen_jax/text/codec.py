@@ -106,6 +106,9 @@ class TextCodec:
     byte_lens: jax.Array  # int32[V]
     action_bytes: jax.Array  # uint8[A, L]: lower-case action names
     action_lens: jax.Array  # int32[A]
+    # Tables an environment's in-graph text needs (`env.text_tables`): Countdown's number
+    # pieces, a QA dataset's tokenized questions and answers. Empty for the board games.
+    env_tables: dict = struct.field(default_factory=dict)
     symbols: tuple[str, ...] = struct.field(pytree_node=False, default=())
     action_names: tuple[str, ...] = struct.field(pytree_node=False, default=())
     max_actions_per_turn: int = struct.field(pytree_node=False, default=2)
@@ -138,8 +141,8 @@ class TextCodec:
                   for s in env.symbols]
         _check_pieces(encode, env.symbols, pieces)
         flat = [p for per_symbol in pieces for per_lead in per_symbol for p in per_lead]
-        width = max(len(p) for p in flat)
-        piece_ids = _pad(flat, width, np.int32).reshape(len(env.symbols), 2, 2, -1)
+        width = max((len(p) for p in flat), default=1)
+        piece_ids = _pad(flat, width, np.int32).reshape(len(env.symbols), 2, 2, width)
         piece_lens = np.array([len(p) for p in flat], np.int32).reshape(len(env.symbols), 2, 2)
 
         table = token_bytes(tokenizer, vocab_size)
@@ -148,8 +151,9 @@ class TextCodec:
             piece_ids=jnp.asarray(piece_ids), piece_lens=jnp.asarray(piece_lens),
             byte_table=jnp.asarray(_pad(table, max(map(len, table)), np.uint8)),
             byte_lens=jnp.asarray([len(t) for t in table], jnp.int32),
-            action_bytes=jnp.asarray(_pad(names, max(map(len, names)), np.uint8)),
+            action_bytes=jnp.asarray(_pad(names, max(map(len, names), default=1), np.uint8)),
             action_lens=jnp.asarray([len(n) for n in names], jnp.int32),
+            env_tables=env.text_tables(tokenizer),
             symbols=tuple(env.symbols), action_names=tuple(env.action_names),
             max_actions_per_turn=int(max_actions_per_turn),
         )
@@ -281,6 +285,49 @@ def _skip_whitespace(size: jax.Array) -> jax.Array:
     return jump
 
 
+def _answer_span(text: jax.Array, length, prefix: str):
+    """SPEC §3's regex on `prefix` + text[:length]: (the prefixed bytes, start and end of the
+    answer group, which bytes belong to whitespace characters). end = len(bytes): no match."""
+    if prefix:
+        prefix_bytes = jnp.asarray(np.frombuffer(prefix.encode(), np.uint8))
+        text = jnp.concatenate([prefix_bytes, text.astype(jnp.uint8)])
+        length = length + len(prefix_bytes)
+    text = text.astype(jnp.uint8)
+    n = text.shape[0]
+    idx = jnp.arange(n)
+    size, covered = _whitespace(text, length)
+    after_space = _skip_whitespace(size)
+
+    # re.search: the first <think> works whenever any does; the lazy first group ends at the
+    # first </think> followed by \s* and <answer>; the lazy second group at the next </answer>.
+    # If that </answer> is missing, a later </think> cannot help: its <answer> lies further on.
+    think = _first(_matches(text, length, THINK_OPEN))
+    answer_open = jnp.concatenate([_matches(text, length, ANSWER_OPEN), jnp.array([False])])
+    answer_at = after_space[jnp.minimum(idx + len(THINK_CLOSE), n)]
+    close = _matches(text, length, THINK_CLOSE) & (idx >= think + len(THINK_OPEN)) & answer_open[answer_at]
+    t = _first(close)
+    start = jnp.where(t < n, answer_at[jnp.minimum(t, n - 1)] + len(ANSWER_OPEN), n)
+    end = _first(_matches(text, length, ANSWER_CLOSE) & (idx >= start))
+    return text, start, end, covered
+
+
+def answer_text(text: jax.Array, length, width: int, prefix: str = THINK_PREFIX):
+    """The answer group of SPEC §3's regex, for environments that read the answer as text
+    (Countdown, QA): (bytes uint8[width], length, ok).
+
+    With the regex of `parse_answer`, `m.group(2).encode()` is bytes[:length]; ok is False
+    when the regex does not match or the group is longer than `width` bytes (then the bytes
+    are all 0 and length 0).
+    """
+    text, start, end, _ = _answer_span(text, length, prefix)
+    n = text.shape[0]
+    size = end - start
+    ok = (end < n) & (size <= width)
+    pos = start + jnp.arange(width)
+    out = jnp.where(ok & (jnp.arange(width) < size), text[jnp.clip(pos, 0, n - 1)], 0).astype(jnp.uint8)
+    return out, jnp.where(ok, size, 0).astype(jnp.int32), ok
+
+
 def parse_answer(codec: TextCodec, text: jax.Array, length, prefix: str = THINK_PREFIX):
     """SPEC §3's parser on the bytes of one generation: (actions int32[M], num_actions, format_ok).
 
@@ -304,26 +351,9 @@ def parse_answer(codec: TextCodec, text: jax.Array, length, prefix: str = THINK_
     Case-insensitivity is ASCII's: Python's lower() also maps U+212A KELVIN SIGN to "k",
     which matters only for action names containing a k (none do).
     """
-    if prefix:
-        prefix_bytes = jnp.asarray(np.frombuffer(prefix.encode(), np.uint8))
-        text = jnp.concatenate([prefix_bytes, text.astype(jnp.uint8)])
-        length = length + len(prefix_bytes)
-    text = text.astype(jnp.uint8)
+    text, start, end, covered = _answer_span(text, length, prefix)
     n = text.shape[0]
     idx = jnp.arange(n)
-    size, covered = _whitespace(text, length)
-    after_space = _skip_whitespace(size)
-
-    # re.search: the first <think> works whenever any does; the lazy first group ends at the
-    # first </think> followed by \s* and <answer>; the lazy second group at the next </answer>.
-    # If that </answer> is missing, a later </think> cannot help: its <answer> lies further on.
-    think = _first(_matches(text, length, THINK_OPEN))
-    answer_open = jnp.concatenate([_matches(text, length, ANSWER_OPEN), jnp.array([False])])
-    answer_at = after_space[jnp.minimum(idx + len(THINK_CLOSE), n)]
-    close = _matches(text, length, THINK_CLOSE) & (idx >= think + len(THINK_OPEN)) & answer_open[answer_at]
-    t = _first(close)
-    start = jnp.where(t < n, answer_at[jnp.minimum(t, n - 1)] + len(ANSWER_OPEN), n)
-    end = _first(_matches(text, length, ANSWER_CLOSE) & (idx >= start))
     matched = end < n
     inside = (idx >= start) & (idx < end)
 

@@ -47,7 +47,10 @@ CHARS = "0123456789-."  # every character a rendered number uses
 
 
 def system_content(env, max_actions_per_turn: int) -> str:
-    """The system message: greeting, the env's rules, its actions, the budget and separator."""
+    """The system message: greeting, the env's rules, its actions, the budget and separator
+    (the last three only for envs whose answers name actions)."""
+    if env.answer_kind != "actions":
+        return f"You're a helpful assistant. {env.instructions()}"
     return (f"You're a helpful assistant. {env.instructions()}\nYour available actions are:\n"
             f"{', '.join(env.action_names)}\nYou can make up to {max_actions_per_turn} actions per "
             f"turn, separated by the action separator \" {ACTION_SEP} \"")
@@ -157,7 +160,7 @@ class PromptTemplate:
                      system_ids=jnp.asarray(encode(chat.system_open + system + chat.first_user_open), jnp.int32),
                      char_ids=jnp.asarray([ids[0] for ids in char_ids], jnp.int32), chat=chat, system=system,
                      end_of_message_id=end_id, end_of_message=tokenizer.decode(first) if end_id >= 0 else "")
-        prompt._check_boundaries(encode, env.symbols)
+        prompt._check_boundaries(encode, env.boundary_samples())
         return prompt
 
     # ------------------------------------------------------------------ host-side text
@@ -185,13 +188,13 @@ class PromptTemplate:
         return [*head, fixed["turn_open"], *str(turn), fixed["state_open"], board,
                 fixed["left_open"], *str(actions_left), fixed["turn_close"]]
 
-    def _check_boundaries(self, encode, symbols) -> None:
+    def _check_boundaries(self, encode, states) -> None:
         """Every split point of `_segments` must be a token boundary (numbers of every sign and
-        length, every symbol at the board's start and end)."""
+        length, and the env's sample state texts, e.g. every symbol at the board's start and end)."""
         cases = [(1, 0, None, False), (12, 10, -10.25, True), (3, 7, 0.9, False), (2, 1234, 1, True)]
-        for s in symbols:
+        for state in states:
             for turn, left, reward, warning in cases:
-                pieces = self._segments(turn, f"{s} {s}\n", left, reward, warning)
+                pieces = self._segments(turn, state + "\n", left, reward, warning)
                 text = "".join(pieces)
                 if encode(text) != [i for p in pieces for i in encode(p)]:
                     raise ValueError(f"the tokenizer merges tokens across the prompt pieces of {text!r}")
@@ -246,6 +249,13 @@ def observation_ids(prompt: PromptTemplate, codec: TextCodec, grid: jax.Array, t
     (int32), reward (float32), warning and closed (bool) may be traced; reward, warning and
     closed are ignored on turn 1. Out-of-range numbers are clipped (the host-side text raises instead).
     """
+    return turn_ids(prompt, render_observation(codec, grid, final_newline=True), turn, actions_left, reward,
+                    warning, closed)
+
+
+def turn_ids(prompt: PromptTemplate, state, turn, actions_left, reward, warning, closed=False):
+    """`observation_ids` with the state given as token ids: state = (ids, mask) of the state
+    text followed by its newline (`Environment.state_tokens`), valid ids first."""
     later = jnp.asarray(turn) > 1
     skip_end = jnp.asarray(closed, bool) & (prompt.end_of_message_id >= 0)
     user_open = later & ~(skip_end & (jnp.arange(prompt.user_open.shape[0]) == 0))
@@ -256,7 +266,7 @@ def observation_ids(prompt: PromptTemplate, codec: TextCodec, grid: jax.Array, t
     def number(chars, valid, show=True):
         return prompt.char_ids[chars], valid & show
 
-    board = render_observation(codec, grid, final_newline=True)
+    board = state
     pieces = [
         fixed(prompt.user_open, user_open), fixed(prompt.reward_open, later),
         number(*_reward_chars(reward), later), fixed(prompt.reward_close, later),

@@ -136,6 +136,9 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
     (["--config", CONFIG, "--config.mesh.tensor=16"], "needs 16 devices"),
     (["--config", CONFIG, "--config.env.name=Chess"], "env.name='Chess'"),
+    (["--config", CONFIG, "--config.env.data_path=qa.jsonl"], "env.data_path='qa.jsonl' is only used by MathQA"),
+    (["--config", str(ROOT / "configs" / "mathqa_tiny.py"), "--config.env.data_path=/no/such.jsonl"],
+     "QA data file '/no/such.jsonl' does not exist"),
     (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")], "model.path is required"),
     (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py"), "--config.model.path=/no/such/dir"],
      "model.path='/no/such/dir' is not a directory"),
@@ -191,3 +194,26 @@ def test_plot_draws_a_real_run(full_run):
     assert plot.main(["--workdir", str(full_run)]) == 0
     png = full_run / "training_curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_countdown_tiny_runs_a_training_step(tmp_path):
+    """A text-answer env through the real model, the jitted train step and the host loop."""
+    code = train.main(["--config", str(ROOT / "configs" / "countdown_tiny.py"), "--workdir", str(tmp_path), *SMALL,
+                       "--config.train.steps=1", "--config.train.val_every=0", "--config.algo.name=grpo"])
+    assert code == 0
+    (record,) = records(tmp_path)
+    assert record["step"] == 1 and record["rollout/turns"] == 1.0
+    # a random model writes no valid expression: every episode is one format penalty
+    assert record["rollout/return"] == pytest.approx(-0.1) and np.isfinite(record["actor/loss"])
+
+
+def test_a_config_saved_before_new_keys_existed_still_resumes():
+    from ragen_jax import config as config_lib
+
+    new = config_lib.default_config().to_dict()
+    saved = config_lib.default_config().to_dict()
+    for key in ("data_path", "data_dir", "num_records", "data_seed", "max_attempts"):
+        saved["env"].pop(key)  # as written before MathQA existed
+    assert config_lib.differences(saved, new) == []
+    new["env"]["data_path"] = "qa.jsonl"
+    assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]

@@ -2,6 +2,7 @@
 and the scripted policy (`rollout.ScriptedPolicy`, a stand-in for a model)."""
 
 import jax
+import numpy as np
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
@@ -21,3 +22,16 @@ def text_parts(env_name: str = "SimpleSokoban", max_actions_per_turn: int = 2):
 
 def tiny_model(seed: int = 0):
     return init_model(Qwen2Config.preset("tiny"), jax.random.key(seed))
+
+
+def scripted_texts(tok, texts, config):
+    """texts[b][t] (the policy's text for row b, turn t) -> token arrays [B, T, max_new_tokens]
+    and lengths [B, T] for a `ScriptedPolicy` under the rollout `config`."""
+    tokens = np.zeros((config.batch, config.max_turns, config.max_new_tokens), np.int32)
+    lengths = np.zeros((config.batch, config.max_turns), np.int32)
+    for b, row in enumerate(texts):
+        for t, text in enumerate(row):
+            ids = tok.encode(text, add_special_tokens=False)
+            assert len(ids) <= config.max_new_tokens, text
+            tokens[b, t, :len(ids)], lengths[b, t] = ids, len(ids)
+    return tokens, lengths

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from agent_setup import ScriptedPolicy, text_parts
+from agent_setup import ScriptedPolicy, text_parts, scripted_texts
 
 from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
@@ -25,15 +25,7 @@ def setup():
 
 
 def scripted(tok, texts):
-    """texts[b][t] -> token arrays [B, T, max_new_tokens] and lengths [B, T]."""
-    tokens = np.zeros((CONFIG.batch, CONFIG.max_turns, CONFIG.max_new_tokens), np.int32)
-    lengths = np.zeros((CONFIG.batch, CONFIG.max_turns), np.int32)
-    for b, row in enumerate(texts):
-        for t, text in enumerate(row):
-            ids = tok.encode(text, add_special_tokens=False)
-            assert len(ids) <= CONFIG.max_new_tokens, text
-            tokens[b, t, : len(ids)], lengths[b, t] = ids, len(ids)
-    return tokens, lengths
+    return scripted_texts(tok, texts, CONFIG)
 
 
 _SCRIPTED = {}

@@ -8,7 +8,7 @@ from fractions import Fraction
 import jax
 import numpy as np
 import pytest
-from agent_setup import ScriptedPolicy, text_parts
+from agent_setup import ScriptedPolicy, text_parts, scripted_texts
 
 from ragen_jax.envs.countdown import CountdownState
 from ragen_jax.models import hf
@@ -41,14 +41,7 @@ def solve(numbers, target):
 
 
 def scripted(tok, texts):
-    tokens = np.zeros((CONFIG.batch, CONFIG.max_turns, CONFIG.max_new_tokens), np.int32)
-    lengths = np.zeros((CONFIG.batch, CONFIG.max_turns), np.int32)
-    for b, row in enumerate(texts):
-        for t, text in enumerate(row):
-            ids = tok.encode(text, add_special_tokens=False)
-            assert len(ids) <= CONFIG.max_new_tokens, text
-            tokens[b, t, :len(ids)], lengths[b, t] = ids, len(ids)
-    return tokens, lengths
+    return scripted_texts(tok, texts, CONFIG)
 
 
 @pytest.fixture(scope="module")

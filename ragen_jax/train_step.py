@@ -101,8 +101,8 @@ class Trainer:
                 raise ValueError(f"{name}={size} must be divisible by the mesh's data×fsdp size {shards}")
         self.rows = sharding.rows_constraint(mesh)
         # The text tables (and a QA dataset among them) are arguments, not constants in the graph.
-        step = self._compile(self._step)
-        self.step = lambda state: step(state, self.codec, self.prompt)
+        self.compiled_step = self._compile(self._step)
+        self.step = lambda state: self.compiled_step(state, self.codec, self.prompt)
         self.update = self._compile(self._update)
 
     # ------------------------------------------------------------------ state

@@ -245,7 +245,7 @@ def test_gradient_analysis_runs_in_the_step_on_the_diagnostics_schedule(setup):
     state = tr.init_state(jax.random.key(0), warm)
     state, first = tr.step(state)
     state, second = tr.step(state)
-    assert tr.step._cache_size() == 1
+    assert tr.compiled_step._cache_size() == 1
     names = [f"grad/bucket{b}/{m}" for b in range(2) for m in ("task_norm", "reg_norm", "groups")]
     assert all(np.isfinite(float(first[n])) for n in names)
     assert float(first["grad/bucket0/groups"]) + float(first["grad/bucket1/groups"]) == 4

@@ -44,6 +44,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def put_replicated(x: jax.Array, mesh: Mesh) -> jax.Array:
+    """`x` (the same value on every process) replicated over the mesh. Goes through host
+    memory, so it also works when the mesh spans several processes, where a device_put of an
+    array committed to one local device cannot."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = put_replicated(jax.random.key_data(x), mesh)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return jax.device_put(np.asarray(jax.device_get(x)), replicated(mesh))
+
+
 def module_shardings(state: nnx.State, mesh: Mesh):
     """NamedSharding for every variable of an NNX state, from its declared partition spec."""
     specs = nnx.get_partition_spec(state)

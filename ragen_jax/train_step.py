@@ -131,9 +131,8 @@ class Trainer:
             empty_streak=jnp.int32(0), diagnostics=diagnostics,
         )
         if self.mesh is not None:  # scalars and keys replicated; optimiser moments follow their params
-            rep = sharding.replicated(self.mesh)
             state = jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
-                                 else jax.device_put(x, rep), state)
+                                 else sharding.put_replicated(x, self.mesh), state)
         return state
 
     def _compile(self, fn):

@@ -61,6 +61,18 @@ def module_shardings(state: nnx.State, mesh: Mesh):
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
+def optimizer_shardings(tx, params, mesh: Mesh):
+    """Shardings of `tx`'s state for `params` (arrays or ShapeDtypeStructs placed on `mesh`):
+    every params-shaped part (Adam's moments) sharded like the parameters, everything else
+    (step counts) replicated. Without this, `jax.jit(tx.init)` replicates the moments —
+    zeros carry no sharding of their own — and FSDP would keep two full copies per device."""
+    import optax
+
+    shapes = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(tx, lambda _, p: p.sharding, shapes, params,
+                                 transform_non_params=lambda _: replicated(mesh))
+
+
 def rows_constraint(mesh: Mesh | None):
     """A function (x, axis) -> x constrained to be split over data×fsdp along `axis` (rows),
     replicated elsewhere; identity without a mesh or when the rows do not divide evenly."""

@@ -124,7 +124,13 @@ class Trainer:
         if self.mesh is not None:
             place = lambda s: None if s is None else jax.device_put(s, sharding.module_shardings(s, self.mesh))
             policy_state, critic_state, reference = place(policy_state), place(critic_state), place(reference)
-        init_opt = lambda tx, params: None if params is None else jax.jit(tx.init)(params)
+        def init_opt(tx, params):  # on a mesh, Adam's moments are sharded like their parameters
+            if params is None:
+                return None
+            if self.mesh is None:
+                return jax.jit(tx.init)(params)
+            return jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, self.mesh))(params)
+
         state = TrainState(
             step=jnp.int32(0), key=key, policy=policy_state, policy_opt=init_opt(self.actor_tx, policy_state),
             critic=critic_state, critic_opt=init_opt(self.critic_tx, critic_state), reference=reference,

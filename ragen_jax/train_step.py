@@ -249,7 +249,10 @@ class Trainer:
 
         def one_update(i, carry):
             params, opt, critic, critic_opt, totals = carry
-            mbatch = minibatch(batch, i % num_minibatches)
+            # A minibatch picked by a traced index lives on a few devices (the batch is split in
+            # contiguous blocks); pin its rows to the whole mesh again, or GSPMD replicates it
+            # and every device computes the whole minibatch.
+            mbatch = self.rows(minibatch(batch, i % num_minibatches))
             params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature)
             if algo.uses_critic:
                 critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch)
@@ -299,7 +302,7 @@ class Trainer:
         critic = nnx.merge(self.critic_graph, state.critic)
 
         def value_pass(i, values):
-            v = critic_values(critic, jax.tree.map(lambda a: _split(a, mb)[i], batch))
+            v = critic_values(critic, self.rows(jax.tree.map(lambda a: _split(a, mb)[i], batch)))
             return _split(values, mb).at[i].set(v).reshape(values.shape)
 
         values = jax.lax.fori_loop(0, (rows + mb - 1) // mb, value_pass, jnp.zeros_like(batch.rewards))
@@ -320,7 +323,7 @@ class Trainer:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def body(acc, one):
-            (loss, aux), grads = grad_fn(params, one)
+            (loss, aux), grads = grad_fn(params, self.rows(one))  # each micro-batch over the whole mesh
             return jax.tree.map(jnp.add, acc, (loss, aux, grads)), None
 
         (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))

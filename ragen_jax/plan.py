@@ -11,13 +11,19 @@ The model's shapes and tokenizer come from `model.path` (a local Hugging Face di
 its config.json and tokenizer files are read, never the weights), or from a built-in preset
 (`--model qwen2.5-7b`), in which case the built-in tokenizer lays out the token buffer.
 
-Printed per device: parameters (next to the analytic count), optimiser state, critic,
-reference, the rollout's KV cache, the diagnostics' cross-scoring cache, the activations of one
-micro-batch's forward+backward with and without rematerialisation (compiled and measured), and
-the whole compiled step (arguments, outputs, temporaries). FLOPs per step: the analytic count
-of what the implementation computes, next to XLA's count of the pieces it is built from
-(one decode step, one micro-batch forward+backward): XLA's cost analysis counts a loop body
-once, whatever its trip count, so the whole step's figure cannot be read from it directly.
+Printed per device: parameters, optimiser state, critic, reference (exact, from the
+shardings, next to the analytic count); the rollout's KV cache and the diagnostics'
+cross-scoring cache and working set (analytic); one micro-batch's forward+backward with and
+without rematerialisation (compiled: XLA CPU temporaries; and analytic in the compute dtype);
+the whole compiled step (arguments, outputs, temporaries); an estimated peak. FLOPs per step
+are the analytic count of what the implementation computes, next to XLA's count of the pieces
+it repeats (one micro-batch forward+backward, one decode step): XLA's cost analysis counts a
+loop body once, whatever its trip count, so the step's total cannot be read from it.
+
+The CPU compiler runs bfloat16 as float32 and does not schedule rematerialisation for memory,
+so its temporaries are upper bounds; the estimate uses the analytic activations. Called from
+Python on a TPU/GPU host, `plan` compiles for those devices instead. docs/scaling.md has the
+plans for Qwen2.5 0.5B–7B.
 """
 
 from __future__ import annotations
@@ -147,6 +153,52 @@ def diagnostics_flops(cfg, d, r, layout: Layout) -> float:
     return flops
 
 
+def activation_bytes(cfg, rows: int, length: int, projected: int, remat: bool, sharded: bool = False,
+                     chunk: int = 128) -> float:
+    """Analytic bytes of one micro-batch's forward+backward on one device (`rows` buffers of
+    `length` slots, `projected` vocabulary positions each) in the compute dtype, as a
+    TPU/GPU compiler lays it out: without remat every block keeps its activations for the
+    backward pass — the linear ones and the attention scores [heads, length, length] (f32
+    scores and compute-dtype probabilities: this implementation materialises them); with remat
+    every block keeps only its input and one block's activations exist at a time. Plus one
+    vocabulary chunk (f32 logits, log-softmax, probabilities; `token_logprobs`). `sharded`
+    (FSDP / tensor): the weights gathered for compute — one block's at a time with remat,
+    every block's kept for the backward pass without — and the embedding/head matrices."""
+    import numpy as np
+
+    c = np.dtype(cfg.dtype).itemsize if cfg.dtype != "bfloat16" else 2
+    d, q, kv, i = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    linear = rows * length * (6 * d + 3 * q + 2 * kv + 4 * i) * c
+    scores = rows * cfg.num_heads * length * length * (4 + c)
+    block = linear + scores
+    head = 3 * rows * min(chunk, projected) * cfg.vocab_size * 4 + rows * projected * d * c
+    kept = cfg.num_layers * rows * length * d * c + block if remat else cfg.num_layers * block
+    if sharded:
+        tables = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * d
+        kept += (matmul_params(cfg) // (cfg.num_layers if remat else 1) + tables) * c
+    return kept + head
+
+
+def cross_scoring_bytes(cfg, d, r, layout: "Layout") -> float:
+    """Analytic working set of the diagnostics' largest pair set on one device, beyond the
+    prefilled cache: each column step gathers its rows' prompt caches (M rows × prompt +
+    continuation slots), runs the continuation (attention scores [M, heads, W, slots]) and
+    projects W tokens per row to the vocabulary (f32 logits, log-softmax, probabilities). Taken
+    as not split over devices (rows are gathered by data-dependent indices): an upper bound."""
+    c = 2 if cfg.dtype == "bfloat16" else 4
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * c
+    w = layout.generation + 1
+    first, last = layout.generation_offset(0), layout.generation_offset(layout.turns - 1)
+    m = min(d.num_samples, r.batch)
+    sets = [(m, first, w), (m, last, w)]
+    if d.per_turn:
+        sets.append((d.per_turn_samples, last, w))
+    if d.action_grounding:
+        sets.append((r.batch, first + layout.generation, d.answer_tokens + 1))
+    return max(rows * (prompt + width) * kv + rows * cfg.num_heads * width * (prompt + width) * (4 + c)
+               + 3 * rows * width * cfg.vocab_size * 4 for rows, prompt, width in sets)
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -173,13 +225,14 @@ class Plan:
         """Peak bytes per device from the parts: the train state, plus the largest of the
         phases' working sets — the rollout's KV cache, the diagnostics' cross-scoring cache,
         the update's gradients (summed over micro-batches, plus the optimiser's update of the
-        same size) and one micro-batch's activations."""
+        same size) and one micro-batch's activations. All analytic (compute dtype, remat as
+        configured): XLA's CPU compiler computes bfloat16 in float32 and does not schedule for
+        memory the way the TPU/GPU compilers do, so its temporaries are an upper bound."""
         m, a = self.memory, self.analytic
         state = sum(m[k] for k in ("parameters", "optimiser", "critic", "critic optimiser", "reference"))
-        phases = {"rollout": a["rollout KV cache"], "diagnostics": a["cross-scoring cache"]}
-        activations = m.get(f"activations, remat {'on' if self.remat else 'off'}")
-        if activations is not None:
-            phases["update"] = 3 * m["gradients"] + activations
+        phases = {"rollout": a["rollout KV cache"],
+                  "diagnostics": a["cross-scoring cache"] + a["cross-scoring working set"],
+                  "update": 3 * a["gradients"] + a[f"activations, remat {'on' if self.remat else 'off'}"]}
         phase = max(phases, key=phases.get)
         return {"state": state, "phase": phase, "working set": phases[phase], "peak": state + phases[phase]}
 
@@ -188,6 +241,18 @@ class Plan:
         out["layout"]["length"] = self.layout.length
         out["estimate"] = self.estimate()
         return out
+
+
+_ABSTRACT = {}
+
+
+def _abstract(module, cfg):
+    """`nnx.eval_shape` of a module (cached: tracing the initialisers of a 7B model takes seconds)."""
+    from flax import nnx
+
+    if (module, cfg) not in _ABSTRACT:
+        _ABSTRACT[(module, cfg)] = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
+    return _ABSTRACT[(module, cfg)]
 
 
 def _bytes(tree) -> int:
@@ -267,10 +332,11 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
 
     devices = jax.devices()
     need = math.prod(mesh_shape)
-    if need != len(devices):
+    if need > len(devices):
         raise ConfigError(f"--mesh {'x'.join(map(str, mesh_shape))} needs {need} devices; this process has "
                           f"{len(devices)} (run the plan in a fresh process: it makes as many fake CPU devices as "
                           "the mesh needs)")
+    devices = devices[:need]
     config = config.copy_and_resolve_references()
     cfg, name = model_config(config, preset)
     with config.unlocked():
@@ -283,7 +349,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     step_config = run.step
     rcfg, algo = step_config.rollout, step_config.algo
 
-    abstract_model = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
+    abstract_model = _abstract(Qwen2, cfg)
     trainer = Trainer(step_config, abstract_model, env, env_params, codec, prompt, mesh)
     rep = sharding.replicated(mesh)
 
@@ -300,7 +366,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=rep), tree)
 
     policy = placed(nnx.state(abstract_model))
-    critic = placed(nnx.state(nnx.eval_shape(lambda: ValueModel(cfg, rngs=nnx.Rngs(0))))) if algo.uses_critic else None
+    critic = placed(nnx.state(_abstract(ValueModel, cfg))) if algo.uses_critic else None
     diagnostics = None
     if step_config.diagnostics is not None:
         from ragen_jax.diagnostics.diagnose import DiagnosticsState
@@ -341,7 +407,15 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         "rollout KV cache": local_rows * layout.length * kv,
         "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
                                 if step_config.diagnostics is not None else 0),
+        "cross-scoring working set": (cross_scoring_bytes(cfg, step_config.diagnostics, rcfg, layout)
+                                      if step_config.diagnostics is not None else 0),
+        "gradients": cfg.num_params() * param_bytes / model_shards,
     }
+    micro_rows = max(1, algo.micro_batch // row_shards)
+    k = layout.turns * layout.generation
+    for remat in (True, False):
+        analytic[f"activations, remat {'on' if remat else 'off'}"] = activation_bytes(
+            cfg, micro_rows, layout.length, k, remat, sharded=model_shards > 1)
     seconds = {}
     xla_flops = {}
     if pieces:
@@ -351,7 +425,8 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         xla_flops.update(piece["flops"])
     step = None
     if compile_step:
-        log(f"compiling the whole train step on {need} fake devices ...")
+        log(f"compiling the whole train step on {need} devices (≈20 min for Qwen2.5-0.5B on 2 CPU cores; "
+            "--no-step skips it) ...")
         shardings = jax.tree.map(lambda x: x.sharding, state)
         started = time.perf_counter()
         compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(state).compile()
@@ -394,7 +469,7 @@ def _pieces(cfg, trainer, mesh, policy, layout: Layout, micro: int, batch: int, 
     for remat in (True, False):
         if f"remat-{'on' if remat else 'off'}" not in which:
             continue
-        graph = nnx.graphdef(nnx.eval_shape(lambda: Qwen2(dataclasses.replace(cfg, remat=remat), rngs=nnx.Rngs(0))))
+        graph = nnx.graphdef(_abstract(Qwen2, dataclasses.replace(cfg, remat=remat)))
 
         def loss(params, b):
             logp, entropy = policy_logprobs(nnx.merge(graph, params), b, 1.0)
@@ -462,11 +537,12 @@ def report(p: Plan) -> str:
              "", "memory per device             compiled / sharded      analytic"]
     for name in ("parameters", "optimiser", "critic", "critic optimiser", "reference"):
         lines.append(f"  {name:26s} {_gib(p.memory[name])}   {_gib(p.analytic[name])}")
-    for name in ("rollout KV cache", "cross-scoring cache"):
-        lines.append(f"  {name:26s} {'':12s}   {_gib(p.analytic[name])}")
-    for name in ("activations, remat on", "activations, remat off"):
-        if name in p.memory:
-            lines.append(f"  {name:26s} {_gib(p.memory[name])}   (one micro-batch's forward+backward, XLA temp)")
+    for name in ("rollout KV cache", "cross-scoring cache", "cross-scoring working set", "gradients",
+                 "activations, remat on", "activations, remat off"):
+        measured = _gib(p.memory[name]) if name in p.memory else f"{'':12s}"
+        lines.append(f"  {name:26s} {measured}   {_gib(p.analytic[name])}")
+    lines.append("  (activations: one micro-batch's forward+backward; compiled = XLA CPU temporaries, bfloat16 run "
+                 "as float32)")
     e = p.estimate()
     lines += ["", f"estimated peak per device: {_gib(e['peak']).strip()} = state {_gib(e['state']).strip()} + "
                   f"the {e['phase']}'s working set {_gib(e['working set']).strip()}"]

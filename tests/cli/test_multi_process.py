@@ -15,12 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "sokoban_tiny.py")
 STEPS = 2
-# The tiny config at small shapes; validation at the last step (so it runs on both meshes too).
+# The tiny config at small shapes, no validation (a second compile per process: the suite's budget).
 ARGS = ["--config", CONFIG, f"--config.train.steps={STEPS}", "--config.rollout.num_groups=2",
         "--config.rollout.group_size=2", "--config.rollout.max_turns=1", "--config.rollout.max_new_tokens=8",
         "--config.algo.mini_batch_size=4", "--config.filter.strategy=none", "--config.diagnostics.enabled=false",
         "--config.early_stop.empty_batches=0", "--config.early_stop.reward_std_collapse=0",
-        "--config.eval.num_envs=2", "--config.train.val_every=2", "--config.mesh.data=2",
+        "--config.train.val_every=0", "--config.mesh.data=2",
         "--config.logging.progress=false", "--config.logging.tensorboard=false"]
 
 
@@ -88,7 +88,7 @@ def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
         assert a.keys() == b.keys()
         for name in b:
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-5, err_msg=name)
-    assert "val/success" in got[-1] and "actor/pg_loss" in got[-1]
+    assert "actor/pg_loss" in got[-1]
 
     multi_params, single_params = policy(tmp_path / "multi"), policy(tmp_path / "single")
     assert np.abs(multi_params - single_params).max() <= 1e-5

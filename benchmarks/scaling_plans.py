@@ -39,16 +39,22 @@ MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
 
 
 def candidates(n: int):
-    """(label, mesh, overrides) in order of preference: data parallelism first (no weight
-    gathers), then FSDP with smaller micro-batches, then GRPO (no critic: half the state)."""
-    out = [("PPO, data parallel, micro 16", (n, 1, 1), {"algo.micro_batch_size": "16"})]
+    """(label, mesh, overrides) in order of preference: the paper's PPO with data parallelism
+    (no weight gathers), then FSDP with smaller micro-batches, then half the MI samples (the
+    diagnostics' largest pair set), then GRPO (no critic: half the state)."""
+    fsdp = "FSDP" if n > 1 else "one device"
+    out = [("PPO, data parallel, micro 16" if n > 1 else "PPO, one device, micro 16", (n, 1, 1),
+            {"algo.micro_batch_size": "16"})]
     for micro in (8, 4, 2):
-        out.append((f"PPO, FSDP, micro {micro}", (1, n, 1), {"algo.micro_batch_size": str(micro)}))
+        out.append((f"PPO, {fsdp}, micro {micro}", (1, n, 1), {"algo.micro_batch_size": str(micro)}))
     for micro in (4, 2):
-        out.append((f"GRPO, FSDP, micro {micro}", (1, n, 1), {"algo.name": "grpo", "algo.micro_batch_size": str(micro)}))
-    for micro in (4, 2):  # the diagnostics' largest pair set halved
-        out.append((f"GRPO, FSDP, micro {micro}, 32 MI samples", (1, n, 1),
-                    {"algo.name": "grpo", "algo.micro_batch_size": str(micro), "diagnostics.num_samples": "32"}))
+        out.append((f"PPO, {fsdp}, micro {micro}, 32 MI samples", (1, n, 1),
+                    {"algo.micro_batch_size": str(micro), "diagnostics.num_samples": "32"}))
+    for samples in (64, 32):
+        for micro in (4, 2):
+            out.append((f"GRPO, {fsdp}, micro {micro}" + (", 32 MI samples" if samples == 32 else ""), (1, n, 1),
+                        {"algo.name": "grpo", "algo.micro_batch_size": str(micro),
+                         "diagnostics.num_samples": str(samples)}))
     return out
 
 

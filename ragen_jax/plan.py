@@ -545,7 +545,7 @@ def report(p: Plan) -> str:
                  "as float32)")
     e = p.estimate()
     lines += ["", f"estimated peak per device: {_gib(e['peak']).strip()} = state {_gib(e['state']).strip()} + "
-                  f"the {e['phase']}'s working set {_gib(e['working set']).strip()}"]
+                  f"the {e['phase']} phase's working set {_gib(e['working set']).strip()}"]
     if p.step:
         s = p.step
         lines += ["", f"whole train step, compiled ({p.seconds.get('train step', 0):.0f} s): arguments "

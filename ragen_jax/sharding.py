@@ -44,11 +44,33 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def put_replicated(x: jax.Array, mesh: Mesh) -> jax.Array:
+    """`x` (the same value on every process) replicated over the mesh. Goes through host
+    memory, so it also works when the mesh spans several processes, where a device_put of an
+    array committed to one local device cannot."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = put_replicated(jax.random.key_data(x), mesh)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return jax.device_put(np.asarray(jax.device_get(x)), replicated(mesh))
+
+
 def module_shardings(state: nnx.State, mesh: Mesh):
     """NamedSharding for every variable of an NNX state, from its declared partition spec."""
     specs = nnx.get_partition_spec(state)
     return jax.tree.map(lambda x, s: NamedSharding(mesh, fit_spec(x.shape, s, mesh)), state, specs,
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def optimizer_shardings(tx, params, mesh: Mesh):
+    """Shardings of `tx`'s state for `params` (arrays or ShapeDtypeStructs placed on `mesh`):
+    every params-shaped part (Adam's moments) sharded like the parameters, everything else
+    (step counts) replicated. Without this, `jax.jit(tx.init)` replicates the moments —
+    zeros carry no sharding of their own — and FSDP would keep two full copies per device."""
+    import optax
+
+    shapes = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(tx, lambda _, p: p.sharding, shapes, params,
+                                 transform_non_params=lambda _: replicated(mesh))
 
 
 def rows_constraint(mesh: Mesh | None):

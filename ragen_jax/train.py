@@ -11,6 +11,10 @@ finishes the current step, writes a checkpoint and exits with code 143.
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
 prefixed `val/`; metrics not computed at a step are absent), TensorBoard event files in DIR,
 and orbax checkpoints in DIR/checkpoints.
+
+Several processes train on one mesh under `jax.distributed` (`ragen_jax.distributed`):
+auto-detected on TPU pod slices and SLURM, or `--coordinator HOST:PORT --num-processes N
+--process-id I` on each process. They share the workdir; process 0 writes the logs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
+from ragen_jax import distributed
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 
@@ -35,11 +40,14 @@ EXIT_USAGE, EXIT_PREEMPTED = 2, 143
 _KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
 
 
-def parse_args(argv, description: str, workdir_required: bool = True):
-    """argparse for --config/--workdir plus free-form `--config.a.b=value` overrides."""
+def parse_args(argv, description: str, workdir_required: bool = True, multi_process: bool = False):
+    """argparse for --config/--workdir plus free-form `--config.a.b=value` overrides (and the
+    jax.distributed flags with `multi_process`)."""
     parser = argparse.ArgumentParser(description=description, epilog=(
         "Any config key can be overridden after --config, e.g. --config.seed=1 --config.algo.name=grpo "
         "--config.rollout.temperature=0.7 (every key and its default: ragen_jax/config.py)."))
+    if multi_process:
+        distributed.add_arguments(parser)
     parser.add_argument("--config", required=True, help="a config file with get_config(), e.g. configs/sokoban_tiny.py")
     parser.add_argument("--workdir", required=workdir_required,
                         help="where metrics and checkpoints go" + ("" if workdir_required else
@@ -115,14 +123,7 @@ class MetricsLog:
         """Keep the lines up to the resumed step (later ones are recomputed) and return them."""
         if not self.path.exists():
             return []
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut by a crash: everything after it is recomputed
-            if record.get("step", math.inf) <= resume_step:
-                kept.append(record)
+        kept = read_history(self.path, resume_step)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         tmp.replace(self.path)
@@ -145,6 +146,22 @@ class MetricsLog:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def read_history(path: Path, resume_step: int) -> list[dict]:
+    """The records of metrics.jsonl up to the resumed step (the same before and after
+    `MetricsLog` truncates the file, so processes other than 0 may read it at any time)."""
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut by a crash: everything after it is recomputed
+        if record.get("step", math.inf) <= resume_step:
+            kept.append(record)
+    return kept
 
 
 def _run_id(workdir: Path) -> str:
@@ -202,7 +219,9 @@ def train(config, workdir: Path, devices=None) -> int:
     config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
     check_workdir(workdir, config)
     exp = make_experiment(config, devices)  # loads the model: bad paths fail before any write
-    write_config(workdir, config)
+    lead = distributed.is_lead()  # process 0 writes config, logs and messages
+    if lead:
+        write_config(workdir, config)
     trainer = exp.trainer()
     checkpoints = Checkpoints(workdir, keep=config.train.keep_checkpoints)
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
@@ -211,8 +230,8 @@ def train(config, workdir: Path, devices=None) -> int:
         state = checkpoints.restore(start, state)
         print(f"resuming {workdir} from step {start}", file=sys.stderr)
     start = start or 0
-    log = MetricsLog(workdir, config, start)
-    stopper = EarlyStop(config, log.history)
+    log = MetricsLog(workdir, config, start) if lead else None
+    stopper = EarlyStop(config, log.history if lead else read_history(workdir / "metrics.jsonl", start))
     validator = None
     if config.train.val_every:
         e = config.eval
@@ -224,7 +243,7 @@ def train(config, workdir: Path, devices=None) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
     steps = config.train.steps
     bar = None
-    if config.logging.progress:
+    if config.logging.progress and lead:
         from tqdm import tqdm
 
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
@@ -233,23 +252,23 @@ def train(config, workdir: Path, devices=None) -> int:
         for step in range(start + 1, steps + 1):
             started = time.perf_counter()
             state, metrics = trainer.step(state)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["time/step_seconds"] = time.perf_counter() - started
             if validator is not None and (step % config.train.val_every == 0 or step == steps):
                 val, _ = validator(state.policy)
                 metrics.update({f"val/{k}": float(v) for k, v in val.items()})
-            if step % config.train.log_every == 0 or step == steps:
+            if lead and (step % config.train.log_every == 0 or step == steps):
                 log.write(step, metrics)
             if math.isfinite(metrics.get("mi/first_turn/mi_zscore_ema", math.nan)):
                 last_mi = metrics["mi/first_turn/mi_zscore_ema"]
-            if metrics.get("mi/collapse_alarm", 0) >= 1:
+            if lead and metrics.get("mi/collapse_alarm", 0) >= 1:
                 print(f"warning: step {step}: MI-ZScore-EMA fell {config.diagnostics.alarm_drop:.0%} below its peak "
                       "while the reasoning entropy stayed flat — possible template collapse", file=sys.stderr)
             if bar is not None:
                 bar.set_postfix(progress_line(metrics, last_mi), refresh=False)
                 bar.update(1)
-            reason = stopper.update(metrics)
-            if preempted:
+            reason = stopper.update(metrics)  # the same metrics on every process: the same decision
+            if distributed.any_process(bool(preempted)):  # a signal may reach only some processes
                 reason = "SIGTERM"
             if step % config.train.save_every == 0 or step == steps or reason:
                 checkpoints.save(state, force=True)
@@ -260,10 +279,13 @@ def train(config, workdir: Path, devices=None) -> int:
                 break
     finally:
         checkpoints.close()
-        log.close()
+        if log is not None:
+            log.close()
         if bar is not None:
             bar.close()
         signal.signal(signal.SIGTERM, previous)
+    if not lead:
+        return EXIT_PREEMPTED if reason == "SIGTERM" else 0
     if reason == "SIGTERM":
         print(f"stopped by SIGTERM after step {step}; checkpoint saved — run the same command to resume",
               file=sys.stderr)
@@ -276,9 +298,10 @@ def train(config, workdir: Path, devices=None) -> int:
 
 def main(argv=None) -> int:
     args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).",
-                                 workdir_required=False)
+                                 workdir_required=False, multi_process=True)
     workdir = Path(args.workdir) if args.workdir else Path("runs") / Path(args.config).stem
     try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         config = load_config(args.config, overrides)
         return train(config, workdir)
     except (ConfigError, CheckpointError) as err:

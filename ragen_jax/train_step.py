@@ -126,16 +126,21 @@ class Trainer:
         if self.mesh is not None:
             place = lambda s: None if s is None else jax.device_put(s, sharding.module_shardings(s, self.mesh))
             policy_state, critic_state, reference = place(policy_state), place(critic_state), place(reference)
-        init_opt = lambda tx, params: None if params is None else jax.jit(tx.init)(params)
+        def init_opt(tx, params):  # on a mesh, Adam's moments are sharded like their parameters
+            if params is None:
+                return None
+            if self.mesh is None:
+                return jax.jit(tx.init)(params)
+            return jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, self.mesh))(params)
+
         state = TrainState(
             step=jnp.int32(0), key=key, policy=policy_state, policy_opt=init_opt(self.actor_tx, policy_state),
             critic=critic_state, critic_opt=init_opt(self.critic_tx, critic_state), reference=reference,
             empty_streak=jnp.int32(0), diagnostics=diagnostics,
         )
         if self.mesh is not None:  # scalars and keys replicated; optimiser moments follow their params
-            rep = sharding.replicated(self.mesh)
             return jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
-                                else jax.device_put(x, rep), state)
+                                else sharding.put_replicated(x, self.mesh), state)
         # Every leaf committed to one device: a state mixing committed leaves (weights loaded with
         # device_put) and uncommitted ones (fresh scalars) comes back from the step all committed,
         # which misses the jit cache and compiles the step a second time.
@@ -249,7 +254,10 @@ class Trainer:
 
         def one_update(i, carry):
             params, opt, critic, critic_opt, totals = carry
-            mbatch = minibatch(batch, i % num_minibatches)
+            # A minibatch picked by a traced index lives on a few devices (the batch is split in
+            # contiguous blocks); pin its rows to the whole mesh again, or GSPMD replicates it
+            # and every device computes the whole minibatch.
+            mbatch = self.rows(minibatch(batch, i % num_minibatches))
             params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature)
             if algo.uses_critic:
                 critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch)
@@ -299,7 +307,7 @@ class Trainer:
         critic = nnx.merge(self.critic_graph, state.critic)
 
         def value_pass(i, values):
-            v = critic_values(critic, jax.tree.map(lambda a: _split(a, mb)[i], batch))
+            v = critic_values(critic, self.rows(jax.tree.map(lambda a: _split(a, mb)[i], batch)))
             return _split(values, mb).at[i].set(v).reshape(values.shape)
 
         values = jax.lax.fori_loop(0, (rows + mb - 1) // mb, value_pass, jnp.zeros_like(batch.rewards))
@@ -320,7 +328,7 @@ class Trainer:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def body(acc, one):
-            (loss, aux), grads = grad_fn(params, one)
+            (loss, aux), grads = grad_fn(params, self.rows(one))  # each micro-batch over the whole mesh
             return jax.tree.map(jnp.add, acc, (loss, aux, grads)), None
 
         (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))

@@ -121,8 +121,6 @@ def _fmt(value: float, digits: int = 3) -> str:
 
 def report(args) -> None:
     """Markdown tables on stdout (and a figure per env with --figures) from every run under --out."""
-    from ragen_jax import study as st
-
     runs: dict[tuple[str, str], list[list[dict]]] = {}
     for metrics in sorted(args.out.glob("*/*/seed*/metrics.jsonl")) + sorted(args.out.glob("*/seed*/metrics.jsonl")):
         workdir = metrics.parent
@@ -131,14 +129,16 @@ def report(args) -> None:
         runs.setdefault((env, arm), []).append(_records(workdir))
     if not runs:
         raise SystemExit(f"no runs under {args.out} (expected <env>/<arm>/seed<k>/metrics.jsonl)")
-    print(results_tables(runs, st, args.out))
+    print(results_tables(runs, args.out))
     if args.figures:
         for env in sorted({env for env, _ in runs}):
             path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures)
             print(f"\nfigure: {path}")
 
 
-def results_tables(runs, st, out: Path) -> str:
+def results_tables(runs, out: Path) -> str:
+    from ragen_jax import study as st
+
     columns = ["start_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
                "mean_reasoning_entropy", "mean_kept_ratio", "mean_step_seconds"]
     lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
@@ -195,10 +195,8 @@ def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Pa
         for ax, key in zip(axes, (st.SUCCESS, st.MI_ZSCORE)):
             by_step: dict[int, list[float]] = {}
             for records in runs:
-                for r in records:
-                    v = r.get(key)
-                    if v is not None and math.isfinite(v):
-                        by_step.setdefault(int(r["step"]), []).append(v)
+                for step, v in st.finite_series(records, key):
+                    by_step.setdefault(step, []).append(v)
             steps = sorted(by_step)
             values = np.array([np.mean(by_step[s]) for s in steps])
             if key == st.SUCCESS and len(values) >= 5:  # a 5-step moving average: single steps are noisy

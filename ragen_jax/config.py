@@ -177,6 +177,18 @@ def _parse(name: str, text: str, default: Any):
     return text
 
 
+def split_overrides(items: list[str], error) -> dict[str, str]:
+    """`--config.a.b=value` command-line items -> {"a.b": "value"}; anything else goes to
+    `error` (an argparse parser's `error`: one line, exit 2)."""
+    overrides = {}
+    for item in items:
+        if not item.startswith("--config.") or "=" not in item:
+            error(f"unrecognised argument {item!r} (overrides look like --config.algo.name=grpo)")
+        key, value = item[len("--config."):].split("=", 1)
+        overrides[key] = value
+    return overrides
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
     """`{"algo.name": "grpo", ...}` (strings from the command line) into the config."""
     for name, text in overrides.items():

@@ -582,12 +582,7 @@ def main(argv=None) -> int:
     use_fake_devices(math.prod(mesh))  # before jax is imported (by ragen_jax.config)
     from ragen_jax import config as config_lib
 
-    overrides = {}
-    for item in rest:
-        if not item.startswith("--config.") or "=" not in item:
-            parser.error(f"unrecognised argument {item!r} (overrides look like --config.algo.name=grpo)")
-        key, value = item[len("--config."):].split("=", 1)
-        overrides[key] = value
+    overrides = config_lib.split_overrides(rest, parser.error)
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
         pieces = tuple(p for p in args.pieces.split(",") if p and p != "none")

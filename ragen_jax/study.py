@@ -26,7 +26,7 @@ KEPT = "filter/kept_ratio"
 STEP_SECONDS = "time/step_seconds"
 
 
-def _finite(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
+def finite_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
     """(step, value) for every record where `key` is logged and finite (diagnostics and
     validation are only computed on their schedule)."""
     out = []
@@ -45,19 +45,19 @@ def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
     """One run: success is validation success when the run validated (else the rollout's);
     `final_*` is the mean over the last `last` measurements (one measurement is noisy),
     `peak_success` the best single one; diagnostics are averaged over the run's checkpoints."""
-    success = _finite(records, VAL_SUCCESS) or _finite(records, SUCCESS)
+    success = finite_series(records, VAL_SUCCESS) or finite_series(records, SUCCESS)
     values = [v for _, v in success]
-    mi = [v for _, v in _finite(records, MI_ZSCORE)]
+    mi = [v for _, v in finite_series(records, MI_ZSCORE)]
     return {
         "start_success": values[0] if values else math.nan,
         "final_success": _mean(values[-last:]),
         "peak_success": max(values) if values else math.nan,
         "final_mi_zscore": _mean(mi[-last:]),
         "mean_mi_zscore": _mean(mi),
-        "mean_retrieval_acc": _mean([v for _, v in _finite(records, RETRIEVAL)]),
-        "mean_reasoning_entropy": _mean([v for _, v in _finite(records, REASONING_ENTROPY)]),
-        "mean_kept_ratio": _mean([v for _, v in _finite(records, KEPT)]),
-        "mean_step_seconds": _mean([v for _, v in _finite(records, STEP_SECONDS)][1:]),  # step 1 compiles
+        "mean_retrieval_acc": _mean([v for _, v in finite_series(records, RETRIEVAL)]),
+        "mean_reasoning_entropy": _mean([v for _, v in finite_series(records, REASONING_ENTROPY)]),
+        "mean_kept_ratio": _mean([v for _, v in finite_series(records, KEPT)]),
+        "mean_step_seconds": _mean([v for _, v in finite_series(records, STEP_SECONDS)][1:]),  # step 1 compiles
         "steps": float(records[-1]["step"]) if records else 0.0,
     }
 

@@ -53,13 +53,7 @@ def parse_args(argv, description: str, workdir_required: bool = True, multi_proc
                         help="where metrics and checkpoints go" + ("" if workdir_required else
                                                                    " (default: runs/<config name>)"))
     args, rest = parser.parse_known_args(argv)
-    overrides = {}
-    for item in rest:
-        if not item.startswith("--config.") or "=" not in item:
-            parser.error(f"unrecognised argument {item!r} (overrides look like --config.algo.name=grpo)")
-        key, value = item[len("--config."):].split("=", 1)
-        overrides[key] = value
-    return args, overrides
+    return args, config_lib.split_overrides(rest, parser.error)
 
 
 def load_config(path: str, overrides: dict):

@@ -5,6 +5,11 @@ runs validation rollouts on fixed seeds at the configured temperature (SPEC §3:
 prints a table. Writes DIR/eval_<step>.json (success, return, valid-action rate, pass@k and
 the MI diagnostics of the validation rollouts) and DIR/eval_<step>_trajectories.txt (a few
 trajectories as readable text).
+
+Like `train`, it runs under several processes on one mesh (`--coordinator/--num-processes/
+--process-id`, or auto-detected on TPU pods and SLURM): every process restores its shards and
+plays its share of the levels; process 0 prints and writes. Any process count can evaluate a
+checkpoint written by any other.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from ragen_jax import distributed
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 
@@ -41,6 +47,9 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
                     or k_ == "mi/reasoning_length_mean"})
     result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
+    traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
+    if not distributed.is_lead():
+        return result
     out = workdir / f"eval_{step}.json"
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2))
@@ -71,16 +80,20 @@ def main(argv=None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--episodes", type=int, default=None, help="levels to play (default: config eval.num_envs)")
     parser.add_argument("--samples", type=int, default=None, help="attempts per level, the k of pass@k")
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("episodes", "samples"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             print(f"error: --{name}={getattr(args, name)} must be >= 1", file=sys.stderr)
             return 2
     try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         result = evaluate(Path(args.workdir), args.step, args.episodes, args.samples)
     except (ConfigError, CheckpointError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    if not distributed.is_lead():
+        return 0
     print(table(result))
     print(f"wrote {Path(args.workdir) / ('eval_%d.json' % result['step'])}")
     return 0

@@ -4,6 +4,9 @@ Writes a training run's policy (latest checkpoint, or step N) as a Hugging Face 
 config.json, safetensors and the tokenizer — that `transformers` loads and generates with.
 The output directory must be new or empty; files are written under temporary names and
 renamed into place, so an interrupted export leaves nothing that looks loadable.
+
+Under several processes (`--coordinator/--num-processes/--process-id`, or auto-detected)
+every process restores its shards and takes part in gathering each tensor; process 0 writes.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ragen_jax import distributed
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 
@@ -34,12 +38,16 @@ def main(argv=None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="weight dtype on disk (default: the model's parameter dtype)")
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         step = export(Path(args.workdir), Path(args.out), args.step, args.dtype)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    if not distributed.is_lead():
+        return 0
     print(f"exported step {step} of {args.workdir} to {args.out}")
     return 0
 

@@ -232,9 +232,14 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
                     max_shard_bytes: int = 5 * 2**30, tokenizer=None) -> None:
     """Write config.json + safetensors (sharded with an index past max_shard_bytes) that
     `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the
-    host one file's worth at a time."""
+    host one file's worth at a time. Under several processes every process must call this
+    (weights sharded across processes are gathered collectively); only process 0 writes."""
+    from ragen_jax.distributed import is_lead, to_host
+
+    lead = is_lead()
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    if lead:
+        path.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     dtype = jnp.dtype(dtype or cfg.param_dtype)
     # Every file is written under a temporary name and renamed into place at the end, the
@@ -257,22 +262,27 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
     groups.append(current)
 
     def host(var, transpose):
-        array = np.asarray(jax.device_get(var[...])).astype(dtype)
+        array = to_host(var[...]).astype(dtype)
         return np.ascontiguousarray(array.T if transpose else array)
 
     if len(groups) == 1:
-        save_file({n: host(*vt) for n, vt in groups[0].items()}, partial("model.safetensors"),
-                  metadata={"format": "pt"})
+        tensors = {n: host(*vt) for n, vt in groups[0].items()}
+        if lead:
+            save_file(tensors, partial("model.safetensors"), metadata={"format": "pt"})
     else:
         weight_map, total = {}, 0
         for i, group in enumerate(groups):
             file = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             tensors = {n: host(*vt) for n, vt in group.items()}
             total += sum(t.nbytes for t in tensors.values())
-            save_file(tensors, partial(file), metadata={"format": "pt"})
+            if lead:
+                save_file(tensors, partial(file), metadata={"format": "pt"})
             weight_map.update({n: file for n in group})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        Path(partial(_INDEX)).write_text(json.dumps(index, indent=2))
+        if lead:
+            Path(partial(_INDEX)).write_text(json.dumps(index, indent=2))
+    if not lead:
+        return
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     Path(partial("config.json")).write_text(json.dumps(config_to_hf(cfg, str(dtype)), indent=2))

@@ -27,6 +27,7 @@ from ragen_jax.models.qwen2 import PRESETS
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig
+from ragen_jax.sharding import rows_indivisible
 from ragen_jax.train_step import StepConfig
 
 PRESET = ""  # algo.advantage / algo.aggregation: "" means "the algorithm preset's"
@@ -303,11 +304,9 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     if data * fsdp * tensor > device_count:
         raise ConfigError(f"mesh {data}x{fsdp}x{tensor} needs {data * fsdp * tensor} devices; "
                           f"{device_count} available")
-    shards = data * fsdp
-    for key, size in (("rollout batch (num_groups × group_size)", rollout.batch),
-                      ("algo.mini_batch_size", algo.mini_batch_size)):
-        if size % shards:
-            raise ConfigError(f"{key}={size} must be divisible by the mesh's data×fsdp = {shards}")
+    problem = rows_indivisible(rollout.batch, algo.mini_batch_size, data * fsdp)
+    if problem:
+        raise ConfigError(problem)
     t = config.train
     for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
         if t[key] < (0 if key in ("val_every",) else 1):

@@ -429,7 +429,8 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
             "--no-step skips it) ...")
         shardings = jax.tree.map(lambda x: x.sharding, state)
         started = time.perf_counter()
-        compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(state).compile()
+        compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(
+            state, trainer.codec, trainer.prompt).compile()
         seconds["train step"] = time.perf_counter() - started
         stats = compiled.memory_analysis()
         step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}

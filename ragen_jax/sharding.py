@@ -40,6 +40,16 @@ def row_shards(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def rows_indivisible(rollout_batch: int, mini_batch_size: int, shards: int) -> str | None:
+    """Why the rows cannot be split evenly over `shards` devices (None when they can): the
+    rollout batch and every minibatch are split over the mesh's data×fsdp axes."""
+    for name, size in (("rollout batch (num_groups × group_size)", rollout_batch),
+                       ("algo.mini_batch_size", mini_batch_size)):
+        if size % shards:
+            return f"{name}={size} must be divisible by the mesh's data×fsdp = {shards}"
+    return None
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

@@ -94,11 +94,10 @@ class Trainer:
             self.critic_graph = nnx.graphdef(nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0))))
         self.actor_tx = optimizer(config.algo.actor_lr, config.algo)
         self.critic_tx = optimizer(config.algo.critic_lr, config.algo)
-        shards = sharding.row_shards(mesh)
-        for name, size in (("rollout batch (num_groups × group_size)", config.rollout.batch),
-                           ("algo.mini_batch_size", config.algo.mini_batch_size)):
-            if size % shards:
-                raise ValueError(f"{name}={size} must be divisible by the mesh's data×fsdp size {shards}")
+        problem = sharding.rows_indivisible(config.rollout.batch, config.algo.mini_batch_size,
+                                            sharding.row_shards(mesh))
+        if problem:
+            raise ValueError(problem)
         self.rows = sharding.rows_constraint(mesh)
         # The text tables (and a QA dataset among them) are arguments, not constants in the graph.
         self.compiled_step = self._compile(self._step)

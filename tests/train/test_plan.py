@@ -54,6 +54,17 @@ def test_flops_and_activations_are_reported(result):
     assert "parameters" in plan.report(result)
 
 
+def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments():
+    """The whole-step path (`--no-step` not given), on the tiny model: its compiled arguments
+    are the sharded train state plus the text tables, nothing replicated by mistake."""
+    tiny = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_tiny.py")),
+                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": ""})
+    result = plan.plan(tiny, (2, 1, 1), compile_step=True, pieces=())
+    state = sum(result.memory[k] for k in ("parameters", "optimiser", "critic", "critic optimiser"))
+    assert state <= result.step["argument"] < state + 2**20  # + the codec's and prompt's tables
+    assert result.step["peak"] >= result.step["argument"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config", CONFIG, "--mesh", "3x3"], "--mesh '3x3' must be DATAxFSDPxTENSOR"),
     (["--config", CONFIG, "--mesh", "1x16x1"], "needs 16 devices"),

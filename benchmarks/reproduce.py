@@ -6,6 +6,9 @@
     # the paper's findings: Top-p 0.9 vs Top-k vs no filter, PPO and GRPO, per seed
     python benchmarks/reproduce.py study --env frozenlake --seeds 0 1 2 --steps 40 --out results/study
 
+    # the best success any policy could reach on the validation levels (turns, budget, slip)
+    python benchmarks/reproduce.py ceiling --env frozenlake [--set rollout.max_turns=5 ...]
+
     # tables (markdown), correlations, gradient buckets and one figure per env
     python benchmarks/reproduce.py report --out results/study --figures docs/figures
 
@@ -109,6 +112,46 @@ def study(args) -> None:
                              "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
                              **dict(args.set)}
                 train_one(run_config(args.env, seed, overrides), workdir, args.steps)
+
+
+def ceiling(args) -> None:
+    """What any policy could score on the validation levels under the config's turn structure
+    (`ragen_jax.ceilings`): FrozenLake's best and shortest-path-replanning success with slip,
+    Sokoban's share of levels solvable within the move budget."""
+    import jax
+    import numpy as np
+
+    from ragen_jax import ceilings
+    from ragen_jax.evaluation import EvalConfig
+    from ragen_jax.experiment import make_experiment
+    from ragen_jax.rollout import initial_states
+
+    config = run_config(args.env, 0, dict(args.set))
+    exp = make_experiment(config)
+    eval_config = EvalConfig(num_envs=args.eval_episodes, seed=config.eval.seed)
+    rollout_config = eval_config.rollout_config(exp.run.step.rollout)
+    states = jax.device_get(initial_states(jax.random.split(eval_config.key())[0], exp.env, exp.env_params,
+                                           rollout_config))
+    turns, per_turn, budget = (rollout_config.max_turns, rollout_config.max_actions_per_turn,
+                               rollout_config.max_actions_per_traj)
+    level = lambda i: jax.tree.map(lambda a: np.asarray(a)[i], states)  # noqa: E731
+    header = (f"{args.env}: {args.eval_episodes} validation levels (eval.seed {config.eval.seed}), "
+              f"{turns} turns × ≤{per_turn} moves, budget {budget}")
+    if args.env == "frozenlake":
+        rate = float(exp.env_params.success_rate)
+        best, replan = [], []
+        for i in range(args.eval_episodes):
+            s = level(i)
+            best.append(ceilings.frozenlake_optimal(s.holes, s.player, s.goal, rate, turns, per_turn, budget)[0])
+            replan.append(ceilings.frozenlake_replanning(s.holes, s.player, s.goal, rate, turns, per_turn, budget))
+        print(f"{header}, slip: intended move w.p. {rate:.3f}")
+        print(f"  best possible success              {np.mean(best):.3f}")
+        print(f"  shortest-path replanning (the demos) {np.mean(replan):.3f}")
+    else:
+        solvable = [ceilings.sokoban_solvable(s.room_fixed, s.room_state, s.player, budget)
+                    for s in map(level, range(args.eval_episodes))]
+        print(header)
+        print(f"  solvable within the budget (best possible success) {np.mean(solvable):.3f}")
 
 
 def _records(workdir: Path) -> list[dict]:
@@ -231,11 +274,16 @@ def main(argv=None) -> int:
             p.add_argument("--filters", nargs="+", choices=sorted(FILTERS), default=["top_p", "top_k", "none"])
             p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
             p.add_argument("--grad-buckets", type=int, default=6)
+    p = sub.add_parser("ceiling")
+    p.add_argument("--env", choices=sorted(CONFIGS), required=True)
+    p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
+                   metavar="KEY=VALUE", help="any other config override, e.g. rollout.max_turns=5")
     p = sub.add_parser("report")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--figures", type=Path, default=None)
     args = parser.parse_args(argv)
-    {"learn": learn, "study": study, "report": report}[args.command](args)
+    {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 
 

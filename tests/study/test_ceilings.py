@@ -111,3 +111,20 @@ def test_sokoban_solvable_within_the_budget():
     room_fixed = np.array([[0, 0, 0, 0, 0], [0, 1, 1, 2, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 0]])
     room_state = np.array([[0, 0, 0, 0, 0], [0, 4, 1, 2, 0], [0, 1, 5, 1, 0], [0, 0, 0, 0, 0]])
     assert not sokoban_solvable(room_fixed, room_state, (2, 2), budget=50)
+
+
+def test_reproduce_ceiling_prints_the_bounds_of_the_validation_levels():
+    """`reproduce.py ceiling` plays no model: it reads the config's levels and turn structure."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "reproduce.py"), "ceiling", "--env", "frozenlake",
+                          "--eval-episodes", "4", "--set", "rollout.max_turns=2"],
+                         capture_output=True, text=True, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "4 validation levels" in run.stdout and "2 turns × ≤2 moves, budget 6" in run.stdout
+    best = float(run.stdout.split("best possible success")[1].split()[0])
+    replan = float(run.stdout.split("(the demos)")[1].split()[0])
+    assert 0.0 <= replan <= best <= 1.0

@@ -60,25 +60,30 @@ def main(argv=None) -> int:
     source.add_argument("--workdir", type=Path, help="a training run: its latest checkpoint")
     parser.add_argument("--episodes", type=int, default=128)
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes={args.episodes} must be >= 1")
 
-    from flax import nnx
-
-    from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories
+    from ragen_jax.checkpoint import CheckpointError
+    from ragen_jax.config import ConfigError
+    from ragen_jax.evaluation import EvalConfig, render_trajectories, validate
     from ragen_jax.experiment import make_experiment, restore_run
 
-    if args.workdir:
-        exp, step = restore_run(args.workdir)
-        what = f"{args.workdir} step {step}"
-    else:
-        import reproduce
+    try:
+        if args.workdir:
+            exp, step = restore_run(args.workdir)
+            what = f"{args.workdir} step {step}"
+        else:
+            import reproduce
 
-        exp = make_experiment(reproduce.run_config(args.env, 0, {}))
-        what = f"builtin:{args.env}-tiny"
+            exp = make_experiment(reproduce.run_config(args.env, 0, {}))
+            what = f"builtin:{args.env}-tiny"
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
     e = exp.config.eval
     eval_config = EvalConfig(num_envs=args.episodes, samples_per_env=1, temperature=e.temperature, seed=e.seed)
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
-                          exp.run.step.rollout, exp.mesh)
-    metrics, traj = validator(nnx.state(exp.model))
+    metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
+                             exp.run.step.rollout, exp.mesh)
     text = render_trajectories(traj, exp.tokenizer, rows=list(range(args.episodes)), prompt=exp.prompt)
     scores = reading_scores(text)
     print(f"{what}: {args.episodes} validation levels at temperature {e.temperature}, {scores['turns']} turns")

@@ -283,6 +283,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--figures", type=Path, default=None)
     args = parser.parse_args(argv)
+    if getattr(args, "eval_episodes", 1) < 1:
+        parser.error(f"--eval-episodes={args.eval_episodes} must be >= 1")
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 

@@ -74,26 +74,40 @@ class _Lake:
         return reached, live
 
 
+def _best_per_turn(lake: _Lake, moves_per_turn: list[int], candidates, may_pass: bool) -> tuple[dict, list[dict]]:
+    """Backward over the turns: a cell's value is the best, over `candidates(cell, moves)`
+    (move sequences to commit this turn; and making no move when `may_pass` or there is no
+    candidate), of the success probability from there. Returns the first turn's values and
+    the chosen sequence per turn and cell."""
+    cells = list(itertools.product(range(lake.rows), range(lake.cols)))
+    value = {cell: float(cell == lake.goal) for cell in cells}  # after the last turn
+    policy = []
+    for moves in reversed(moves_per_turn):
+        new, choice = dict(value), {}
+        for cell in cells:
+            if lake.ended(cell):
+                continue
+            choice[cell] = ()  # no move (an unparseable answer does not step the env)
+            for seq in candidates(cell, moves):
+                reached, live = lake.play_turn(cell, seq)
+                v = reached + sum(p * value[c] for c, p in live.items())
+                if v > new[cell] or not may_pass:
+                    new[cell], choice[cell] = v, seq
+        value = new
+        policy.insert(0, choice)
+    return value, policy
+
+
 def frozenlake_optimal(holes, start, goal, success_rate: float, turns: int, per_turn: int,
                        budget: int) -> tuple[float, list[dict]]:
     """The highest success probability any policy reaches from `start` (exact), and a policy
     that reaches it: `policy[t][cell]`, the moves to commit at turn t from `cell`."""
     lake = _Lake(holes, goal, success_rate)
-    cells = [cell for cell in itertools.product(range(lake.rows), range(lake.cols)) if not lake.ended(cell)]
-    value = {cell: float(cell == lake.goal) for cell in itertools.product(range(lake.rows), range(lake.cols))}
-    policy = []
-    for moves in reversed(_moves_per_turn(turns, per_turn, budget)):
-        sequences = [seq for n in range(1, moves + 1) for seq in itertools.product(range(1, 5), repeat=n)]
-        new, choice = dict(value), {}
-        for cell in cells:
-            choice[cell] = ()  # no move (an unparseable answer does not step the env)
-            for seq in sequences:
-                reached, live = lake.play_turn(cell, seq)
-                v = reached + sum(p * value[c] for c, p in live.items())
-                if v > new[cell]:
-                    new[cell], choice[cell] = v, seq
-        value = new
-        policy.insert(0, choice)
+
+    def every_sequence(cell, moves):
+        return (seq for n in range(1, moves + 1) for seq in itertools.product(range(1, 5), repeat=n))
+
+    value, policy = _best_per_turn(lake, _moves_per_turn(turns, per_turn, budget), every_sequence, may_pass=True)
     return value[(int(start[0]), int(start[1]))], policy
 
 
@@ -101,18 +115,13 @@ def frozenlake_replanning(holes, start, goal, success_rate: float, turns: int, p
     """Success probability of re-planning a slip-blind shortest path every turn and playing
     its first moves (the warm start's demonstrations without noise)."""
     lake = _Lake(holes, goal, success_rate)
-    cells = list(itertools.product(range(lake.rows), range(lake.cols)))
-    value = {cell: float(cell == lake.goal) for cell in cells}
-    for moves in reversed(_moves_per_turn(turns, per_turn, budget)):
-        new = {}
-        for cell in cells:
-            plan = None if lake.ended(cell) or moves == 0 else solve_frozenlake(lake.holes, cell, lake.goal)
-            if not plan:  # ended, out of moves, or the goal is unreachable: nothing changes
-                new[cell] = value[cell]
-                continue
-            reached, live = lake.play_turn(cell, plan[:moves])
-            new[cell] = reached + sum(p * value[c] for c, p in live.items())
-        value = new
+
+    def shortest_path_start(cell, moves):
+        plan = solve_frozenlake(lake.holes, cell, lake.goal) if moves else None
+        return [tuple(plan[:moves])] if plan else []  # ended, out of moves or unreachable: no move
+
+    value, _ = _best_per_turn(lake, _moves_per_turn(turns, per_turn, budget), shortest_path_start,
+                              may_pass=False)
     return value[(int(start[0]), int(start[1]))]
 
 

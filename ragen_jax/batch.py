@@ -57,6 +57,28 @@ def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
                  rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros)
 
 
+def compact(batch: Batch, multiple: int = 64) -> Batch:
+    """The same batch with each row's valid slots moved to the front, in order, and the
+    buffer cut to the longest row (rounded up to `multiple`, so few widths compile).
+
+    Exact: RoPE positions count valid slots only and attention is causal over valid slots, so
+    the model sees the same text; `query` is remapped to the moved slots. Worth it where
+    holes are many (a rollout buffer reserves `max_new_tokens` per turn and a slot for every
+    turn an episode may not reach): FrozenLake's 5-turn demonstrations shrink from 982 slots
+    to 544 on average and the supervised fit runs 2× faster (benchmarks/sft_fit_speed.py).
+    Host-side (NumPy) with data-dependent width, so not for use under jit."""
+    mask = np.asarray(batch.mask, bool)
+    order = np.argsort(~mask, axis=1, kind="stable")  # valid slots first, order kept
+    new_slot = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    width = max(int(mask.sum(axis=1).max()), 1)
+    width = min(-(-width // multiple) * multiple, mask.shape[1])
+    order = order[:, :width]
+    return batch.replace(tokens=jnp.asarray(np.take_along_axis(np.asarray(batch.tokens), order, axis=1)),
+                         mask=jnp.asarray(np.take_along_axis(mask, order, axis=1)),
+                         query=jnp.asarray(np.take_along_axis(new_slot, np.asarray(batch.query), axis=1),
+                                           jnp.int32))
+
+
 def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
     """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
     policy at the sampling temperature (what the sampler's recorded log-probs measure)."""

@@ -19,7 +19,8 @@ them:
    deterministic copy of the env (FrozenLake `success_rate=1`) so the host's plan matches the
    rollout's states; the policy learns the observation → action mapping, which then meets the
    real (slippery) dynamics in RL.
-4. Loss: token-mean negative log-likelihood of the generated tokens (AdamW, cosine decay).
+4. Loss: token-mean negative log-likelihood of the generated tokens (AdamW, cosine decay), on
+   minibatches with their holes squeezed out (`batch.compact`: same numbers, shorter sequences).
 
 The result is saved as a checkpoint `train` can start from (`--config.model.init=DIR`), and
 `--export DIR` also writes a Hugging Face directory (how the shipped warm starts were made).
@@ -39,7 +40,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax.batch import batch_from_trajectories, policy_logprobs
+from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
 from ragen_jax.rollout import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
 
@@ -141,7 +142,7 @@ def deterministic(env, env_params):
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    episodes: int = 2048
+    episodes: int = 8192
     epochs: int = 4
     batch_size: int = 32
     lr: float = 1e-3
@@ -149,6 +150,7 @@ class SFTConfig:
     weight_decay: float = 0.01
     noise: float = NOISE
     seed: int = 0
+    compact: bool = True  # squeeze each minibatch's holes out (same loss, shorter rows)
 
     def __post_init__(self):
         for name in ("episodes", "epochs", "batch_size"):
@@ -160,7 +162,7 @@ class SFTConfig:
 
 def fit(model, data: Trajectories, config: SFTConfig, gen_len: int, log=print):
     """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses."""
-    batch = batch_from_trajectories(data, gen_len)
+    batch = jax.tree.map(np.asarray, batch_from_trajectories(data, gen_len))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
     total = steps_per_epoch * config.epochs
@@ -186,8 +188,9 @@ def fit(model, data: Trajectories, config: SFTConfig, gen_len: int, log=print):
         order = rng.permutation(rows)
         epoch_losses = []
         for i in range(steps_per_epoch):
-            idx = jnp.asarray(order[i * config.batch_size:(i + 1) * config.batch_size])
-            params, opt, loss = update(params, opt, jax.tree.map(lambda a: a[idx], batch))
+            idx = order[i * config.batch_size:(i + 1) * config.batch_size]
+            mb = jax.tree.map(lambda a: a[idx], batch)
+            params, opt, loss = update(params, opt, compact(mb) if config.compact else mb)
             epoch_losses.append(float(loss))
         losses.append(float(np.mean(epoch_losses)))
         log(f"epoch {epoch + 1}/{config.epochs}: loss {losses[-1]:.4f}")

@@ -1,7 +1,9 @@
 """Supervised warm start: demonstrations in the rollout's exact format, grounded reasoning,
-the fit lowers the loss, and the shipped warm starts load and play."""
+the fit lowers the loss, and the shipped warm starts load, play and read the board."""
 
 import re
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -10,6 +12,9 @@ import pytest
 from agent_setup import text_parts, tiny_model
 from ragen_jax import sft
 from ragen_jax.rollout import RolloutConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import board_reading  # noqa: E402
 
 CONFIG = RolloutConfig(num_groups=12, group_size=1, max_turns=3, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=48)
@@ -59,6 +64,24 @@ def test_reasoning_names_the_current_state(demos):
     assert checked >= CONFIG.batch
 
 
+def test_compacting_the_holes_away_changes_no_log_prob(demos):
+    """batch.compact (used by the fit) moves valid slots to the front: shorter rows, same numbers."""
+    from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
+
+    _, _, traj = demos
+    batch = batch_from_trajectories(traj, CONFIG.max_new_tokens)
+    short = compact(batch, multiple=8)
+    assert short.tokens.shape[1] < batch.tokens.shape[1]
+    assert short.tokens.shape[1] % 8 == 0 or short.tokens.shape[1] == batch.tokens.shape[1]
+    assert int(short.mask.sum()) == int(batch.mask.sum())
+    model = tiny_model(2)
+    want, _ = policy_logprobs(model, batch, 1.0)
+    got, _ = policy_logprobs(model, short, 1.0)
+    mask = np.asarray(batch.loss_mask)
+    assert mask.sum() > 0
+    np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(want)[mask], atol=1e-5)
+
+
 def test_fit_lowers_the_loss(demos):
     env, tok, traj = demos
     model = tiny_model(1)
@@ -67,19 +90,22 @@ def test_fit_lowers_the_loss(demos):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_the_shipped_warm_start_loads_and_plays():
-    """configs/sokoban_tiny.py starts from the shipped warm start, which already solves levels."""
-    from flax import nnx
-
+@pytest.mark.parametrize("env", ["sokoban", "frozenlake"])
+def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env):
+    """configs/<env>_tiny.py starts from the shipped warm start, which solves levels and whose
+    reasoning states the player's cell of the board it was shown (a board-blind policy gives RL
+    nothing to reinforce; benchmarks/board_reading.py)."""
     from ragen_jax.config import load_config_file
-    from ragen_jax.evaluation import EvalConfig, Validator
+    from ragen_jax.evaluation import EvalConfig, render_trajectories, validate
     from ragen_jax.experiment import make_experiment
 
-    config = load_config_file("configs/sokoban_tiny.py")
-    assert config.model.init.startswith("builtin:")
+    config = load_config_file(f"configs/{env}_tiny.py")
+    assert config.model.init == f"builtin:{env}-tiny"
     config.mesh.data = 1
     exp = make_experiment(config)
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
-                          EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
-    metrics, _ = validator(nnx.state(exp.model))
+    metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
+                             EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
     assert metrics["valid_action_rate"] > 0.9 and metrics["success"] > 0.1, metrics
+    scores = board_reading.reading_scores(render_trajectories(traj, exp.tokenizer, rows=list(range(32)),
+                                                              prompt=exp.prompt))
+    assert scores["player_stated"] > 0.9 and scores["player_right"] > 0.5, scores  # board-blind: ~0.06

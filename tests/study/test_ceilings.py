@@ -121,10 +121,11 @@ def test_reproduce_ceiling_prints_the_bounds_of_the_validation_levels():
 
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, str(root / "benchmarks" / "reproduce.py"), "ceiling", "--env", "frozenlake",
-                          "--eval-episodes", "4", "--set", "rollout.max_turns=2"],
+                          "--eval-episodes", "4", "--set", "rollout.max_turns=2",
+                          "--set", "rollout.max_actions_per_traj=4"],
                          capture_output=True, text=True, cwd=root, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "4 validation levels" in run.stdout and "2 turns × ≤2 moves, budget 6" in run.stdout
+    assert "4 validation levels" in run.stdout and "2 turns × ≤2 moves, budget 4" in run.stdout
     best = float(run.stdout.split("best possible success")[1].split()[0])
     replan = float(run.stdout.split("(the demos)")[1].split()[0])
     assert 0.0 <= replan <= best <= 1.0

@@ -1,7 +1,7 @@
 """Supervised fit speed: minibatches with their holes squeezed out (`batch.compact`) vs the raw
 rollout buffer, on the same demonstrations, same steps.
 
-    python benchmarks/sft_fit_speed.py [--env frozenlake] [--episodes 256] [--set rollout.max_turns=5]
+    python benchmarks/sft_fit_speed.py [--env frozenlake] [--episodes 256] [--set rollout.max_turns=3]
 
 The rollout buffer reserves `max_new_tokens` slots per turn and slots for every turn an episode
 may not reach; the supervised fit only needs the valid ones. Prints seconds per optimiser step

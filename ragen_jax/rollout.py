@@ -81,6 +81,7 @@ class Trajectories:
     gen_lengths: jax.Array  # int32[B, T] generated tokens per turn
     reasoning_lengths: jax.Array  # int32[B, T] of those, the reasoning before `</think>` (0: none)
     turn_offsets: tuple[int, ...] = struct.field(pytree_node=False, default=())  # each turn's generation slot
+    prompt_len: int = struct.field(pytree_node=False, default=0)  # slots [0, prompt_len): the system prompt, every row
 
     def with_episode_rewards(self, rewards: jax.Array, success: jax.Array) -> "Trajectories":
         """The same trajectories with other episode rewards [B] (placed, like the rollout's, on
@@ -340,6 +341,7 @@ def rollout(
         gen_lengths=gen_lengths.T,
         reasoning_lengths=thought.T,
         turn_offsets=turn_offsets,
+        prompt_len=system_len,
     )
 
 

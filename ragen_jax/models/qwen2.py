@@ -23,6 +23,7 @@ from flax import nnx, struct
 
 FSDP, TENSOR = "fsdp", "tensor"
 _NEG_INF = -1e30
+ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +243,7 @@ class Attention(nnx.Module):
     def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset):
         cfg = self.cfg
         b, t, _ = x.shape
-        kvh, groups, hd = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+        kvh, hd = cfg.num_kv_heads, cfg.head_dim
         q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
         k = apply_rope(self.k_proj(x).reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
@@ -255,18 +256,34 @@ class Attention(nnx.Module):
             )
             end = attn_mask.shape[-1]  # the key slots this call attends to (see Qwen2.__call__)
             k, v = cache.k[layer, :, :, :end].astype(x.dtype), cache.v[layer, :, :, :end].astype(x.dtype)
-        s = k.shape[2]
-        # Query head h uses kv head h // groups (transformers' repeat_kv order). Groups and
-        # time are merged into one matmul dimension: a plain batched matmul over (B, kv_head)
-        # is several times faster on CPU than a 5-d einsum.
-        q = q.reshape(b, t, kvh, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, groups * t, hd)
-        scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
-        scores = scores.reshape(b, kvh, groups, t, s) * (hd ** -0.5)
-        scores = jnp.where(attn_mask[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype).reshape(b, kvh, groups * t, s)
-        out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(b, kvh, groups, t, hd)
-        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * hd)
+        # Causal attention never looks past the query's own slot: with a static offset, a block
+        # of queries reads only the keys up to its last slot (half the score matrix on a long
+        # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
+        block = ATTENTION_BLOCK if isinstance(offset, int) and t > ATTENTION_BLOCK else t
+        outs = []
+        for start in range(0, t, block):
+            stop = min(start + block, t)
+            keys = k.shape[2] if block == t else min(offset + stop, k.shape[2])
+            outs.append(_attend(q[:, start:stop], k[:, :, :keys], v[:, :, :keys], attn_mask[:, start:stop, :keys], kvh))
+        out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
+
+
+def _attend(q, k, v, attn_mask, kvh):
+    """Softmax attention of queries q [B, t, heads, hd] over keys/values [B, kv_heads, s, hd]
+    where attn_mask [B, t, s] allows; returns [B, t, heads * hd]."""
+    b, t, heads, hd = q.shape
+    groups, s = heads // kvh, k.shape[2]
+    # Query head h uses kv head h // groups (transformers' repeat_kv order). Groups and
+    # time are merged into one matmul dimension: a plain batched matmul over (B, kv_head)
+    # is several times faster on CPU than a 5-d einsum.
+    q = q.reshape(b, t, kvh, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, groups * t, hd)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kvh, groups, t, s) * (hd ** -0.5)
+    scores = jnp.where(attn_mask[:, None, None], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype).reshape(b, kvh, groups * t, s)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(b, kvh, groups, t, hd)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 
 class MLP(nnx.Module):

@@ -46,6 +46,26 @@ def test_logits_match_transformers(hf_models, batch, name):
         assert model.cfg.rope_theta == 123.0
 
 
+def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models):
+    """Past ATTENTION_BLOCK slots, each block of queries reads only the keys up to its own last
+    slot; the logits must still be transformers' (padding at both ends and a hole inside)."""
+    from ragen_jax.models.qwen2 import ATTENTION_BLOCK
+
+    torch_model, path = hf_models["untied"]
+    model = hf.load_pretrained(path)
+    length = 2 * ATTENTION_BLOCK + 45
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, VOCAB, size=(2, length)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[0, length - 30:] = False
+    mask[1, :17] = False
+    mask[1, 140:150] = False
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
+    ref = hf_logits(torch_model, ids, mask, positions)
+    got = ours_logits(model, ids, mask)
+    assert np.abs(got - ref)[mask].max() <= TOL
+
+
 def test_holes_equal_compacted_sequence(hf_models):
     model = hf.load_pretrained(hf_models["untied"][1])
     rng = np.random.default_rng(1)

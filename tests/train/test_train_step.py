@@ -85,6 +85,29 @@ def test_training_forward_reproduces_sampling_logprobs(setup, trajectories):
     np.testing.assert_allclose(np.asarray(batch.rewards).sum(1), np.asarray(trajectories.episode_reward))
 
 
+def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, trajectories):
+    """The system prompt (the same in every row) is run for one row and its keys/values
+    broadcast: log-probs, entropies and parameter gradients equal a forward over every row."""
+    model = setup[-1]
+    batch = batch_from_trajectories(trajectories, ROLLOUT.max_new_tokens)
+    assert batch.shared_prefix == trajectories.prompt_len > 0
+    assert np.all(np.asarray(trajectories.tokens[:, :batch.shared_prefix]) == np.asarray(trajectories.tokens[0, :batch.shared_prefix]))
+    graph, params = nnx.split(model)
+
+    def loss(p, b):
+        logp, entropy = policy_logprobs(nnx.merge(graph, p), b, 0.7)
+        return jnp.sum(jnp.where(b.loss_mask, logp + 0.1 * entropy, 0.0)), (logp, entropy)
+
+    run = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    (_, shared), grads = run(params, batch)
+    (_, full), want = run(params, batch.replace(shared_prefix=0))
+    lm = np.asarray(batch.loss_mask)
+    for got, ref in zip(shared, full):
+        np.testing.assert_allclose(np.asarray(got)[lm], np.asarray(ref)[lm], atol=1e-5)
+    for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5 * (1 + float(np.abs(ref).max())))
+
+
 # ----------------------------------------------------------------------------- the update
 
 

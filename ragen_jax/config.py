@@ -49,6 +49,9 @@ def default_config() -> ml_collections.ConfigDict:
         # generated arithmetic problems from `data_seed`; prepared by tensorflow-datasets under
         # `data_dir` ("" : its default); a question allows `max_attempts` valid answers.
         data_path="", data_dir="", num_records=1000, data_seed=0, max_attempts=1,
+        # FrozenLake only: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
+        # deterministic); -1: the preset's 1/3, the classic slippery lake.
+        success_rate=-1.0,
     ))
     c.model = ml_collections.ConfigDict(dict(
         preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
@@ -243,6 +246,14 @@ def env_arguments(config: ml_collections.ConfigDict) -> dict:
     """The keyword arguments `registry.make` gets for `config.env`; the dataset keys are for
     MathQA only (setting one for another env is an error, not silently ignored)."""
     e, defaults = config.env, default_config().env
+    rate = e.get("success_rate", defaults.success_rate)  # configs saved before the key: the default
+    slip = {}
+    if rate != defaults.success_rate:
+        if registry.ALIASES.get(e.name, e.name) != "FrozenLake":
+            raise ConfigError(f"env.success_rate={rate} is only used by FrozenLake, not {e.name}")
+        if not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"env.success_rate={rate} must be in [0, 1] (or -1 for the preset's 1/3)")
+        slip = {"success_rate": float(rate)}
     is_qa = registry.ALIASES.get(e.name, e.name) in registry.FACTORIES
     if is_qa:
         if e.max_steps:
@@ -251,7 +262,7 @@ def env_arguments(config: ml_collections.ConfigDict) -> dict:
     for key in QA_KEYS:
         if e.get(key, defaults[key]) != defaults[key]:
             raise ConfigError(f"env.{key}={e[key]!r} is only used by MathQA, not {e.name}")
-    return {"max_steps": e.max_steps} if e.max_steps else {}
+    return {**({"max_steps": e.max_steps} if e.max_steps else {}), **slip}
 
 
 def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:

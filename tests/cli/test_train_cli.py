@@ -137,6 +137,9 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.mesh.tensor=16"], "needs 16 devices"),
     (["--config", CONFIG, "--config.env.name=Chess"], "env.name='Chess'"),
     (["--config", CONFIG, "--config.env.data_path=qa.jsonl"], "env.data_path='qa.jsonl' is only used by MathQA"),
+    (["--config", CONFIG, "--config.env.success_rate=0.8"], "env.success_rate=0.8 is only used by FrozenLake"),
+    (["--config", str(ROOT / "configs" / "frozenlake_tiny.py"), "--config.env.success_rate=1.5"],
+     "env.success_rate=1.5 must be in [0, 1]"),
     (["--config", str(ROOT / "configs" / "mathqa_tiny.py"), "--config.env.data_path=/no/such.jsonl"],
      "QA data file '/no/such.jsonl' does not exist"),
     (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")], "model.path is required"),
@@ -212,8 +215,20 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
 
     new = config_lib.default_config().to_dict()
     saved = config_lib.default_config().to_dict()
-    for key in ("data_path", "data_dir", "num_records", "data_seed", "max_attempts"):
-        saved["env"].pop(key)  # as written before MathQA existed
+    for key in ("data_path", "data_dir", "num_records", "data_seed", "max_attempts", "success_rate"):
+        saved["env"].pop(key)  # as written before MathQA and the slip key existed
     assert config_lib.differences(saved, new) == []
     new["env"]["data_path"] = "qa.jsonl"
     assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]
+
+
+def test_frozenlake_slip_reaches_the_env():
+    from ragen_jax import config as config_lib
+    from ragen_jax.envs import registry
+
+    config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "0.8"}), 1)
+    _, params = registry.make(run.env_name, **run.env_overrides)
+    assert params.success_rate == 0.8
+    run = config_lib.build(config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py")), 1)
+    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == registry.make("FrozenLake")[1].success_rate

@@ -85,19 +85,25 @@ def copy_model():
         return -jnp.sum(logp * weight[:, 1:]) / weight[:, 1:].sum()
 
     @jax.jit
-    def train(params):
+    def train(params, opt_state, key):
         def step(carry, key):
             params, opt_state = carry
             loss, grads = jax.value_and_grad(loss_fn)(params, *training_batch(key, 64))
             updates, opt_state = opt.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss
 
-        (params, _), losses = jax.lax.scan(step, (params, opt.init(params)), jax.random.split(jax.random.key(0), 240))
-        return params, losses
+        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), jax.random.split(key, 120))
+        return params, opt_state, losses
 
-    params, losses = train(params)
-    # the only uncertainty left is the note (uniform over 4): 2 × log 4 per 16 scored tokens
-    assert float(losses[-20:].mean()) < 2 * math.log(4) / 16 + 0.05, float(losses[-20:].mean())
+    # the only uncertainty left is the note (uniform over 4): 2 × log 4 per 16 scored tokens.
+    # Train in rounds of 120 steps until the loss gets there: how many rounds it takes depends
+    # on the XLA/optax version's rounding, not on what the tests check.
+    target, opt_state = 2 * math.log(4) / 16 + 0.05, opt.init(params)
+    for round_key in jax.random.split(jax.random.key(0), 8):
+        params, opt_state, losses = train(params, opt_state, round_key)
+        if float(losses[-20:].mean()) < target:
+            break
+    assert float(losses[-20:].mean()) < target, float(losses[-20:].mean())
     return nnx.merge(graph, params)
 
 

@@ -168,15 +168,45 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 @struct.dataclass
 class KVCache:
-    """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S]."""
+    """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S].
 
-    k: jax.Array
-    v: jax.Array
+    Inside a decode loop k/v may instead be tuples of per-layer [B * kv_heads, S, head_dim]
+    arrays (`per_layer`): each layer is then its own loop buffer, written in place and read by
+    the attention matmul as is, without the copy that slicing a layer out of the stacked array
+    costs every step (batch and kv heads merged: a reshape there would also force a copy)."""
+
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     mask: jax.Array
 
     @property
     def length(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[1] if isinstance(self.k, tuple) else self.k.shape[3]
+
+    def per_layer(self) -> "KVCache":
+        split = lambda x: tuple(x[i].reshape(-1, *x.shape[3:]) for i in range(x.shape[0]))
+        return self.replace(k=split(self.k), v=split(self.v))
+
+    def stacked(self, kv_heads: int) -> "KVCache":
+        stack = lambda xs: jnp.stack([x.reshape(-1, kv_heads, *x.shape[1:]) for x in xs])
+        return self.replace(k=stack(self.k), v=stack(self.v))
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> "KVCache":
+        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset`."""
+        if isinstance(self.k, tuple):
+            def put(buf, x):
+                x = x.reshape(-1, *x.shape[2:]).astype(buf[layer].dtype)
+                return buf[:layer] + (jax.lax.dynamic_update_slice(buf[layer], x, (0, offset, 0)),) + buf[layer + 1:]
+        else:
+            put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (layer, 0, 0, offset, 0))
+        return self.replace(k=put(self.k, k), v=put(self.v, v))
+
+    def read(self, layer: int, end: int, kv_heads: int) -> tuple[jax.Array, jax.Array]:
+        """Keys and values [B, kv_heads, end, head_dim] of `layer` in slots [0, end)."""
+        k, v = self.k[layer], self.v[layer]
+        if isinstance(self.k, tuple):
+            k, v = (x.reshape(-1, kv_heads, *x.shape[1:]) for x in (k, v))
+        return (k, v) if end == k.shape[2] else (k[:, :, :end], v[:, :, :end])
 
 
 def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None) -> KVCache:
@@ -249,13 +279,9 @@ class Attention(nnx.Module):
         k = apply_rope(self.k_proj(x).reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
         if cache is not None:  # write this chunk at `offset`, then attend over the whole buffer
-            at = (layer, 0, 0, offset, 0)
-            cache = cache.replace(
-                k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), at),
-                v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), at),
-            )
-            end = attn_mask.shape[-1]  # the key slots this call attends to (see Qwen2.__call__)
-            k, v = cache.k[layer, :, :, :end].astype(x.dtype), cache.v[layer, :, :, :end].astype(x.dtype)
+            cache = cache.write(layer, k, v, offset)
+            # the key slots this call attends to (see Qwen2.__call__)
+            k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1], kvh))
         # Causal attention never looks past the query's own slot: with a static offset, a block
         # of queries reads only the keys up to its last slot (half the score matrix on a long
         # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
@@ -277,12 +303,15 @@ def _attend(q, k, v, attn_mask, kvh):
     # Query head h uses kv head h // groups (transformers' repeat_kv order). Groups and
     # time are merged into one matmul dimension: a plain batched matmul over (B, kv_head)
     # is several times faster on CPU than a 5-d einsum.
-    q = q.reshape(b, t, kvh, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, groups * t, hd)
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    # (B, kv_head) is then merged into one batch dimension, the layout of a per-layer cache
+    # buffer (KVCache.per_layer), so the decode loop's matmuls read that buffer without a copy.
+    q = q.reshape(b, t, kvh, groups, hd).transpose(0, 2, 3, 1, 4).reshape(b * kvh, groups * t, hd)
+    k, v = k.reshape(b * kvh, s, hd), v.reshape(b * kvh, s, hd)
+    scores = jnp.einsum("bqd,bsd->bqs", q, k, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kvh, groups, t, s) * (hd ** -0.5)
     scores = jnp.where(attn_mask[:, None, None], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype).reshape(b, kvh, groups * t, s)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v).reshape(b, kvh, groups, t, hd)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype).reshape(b * kvh, groups * t, s)
+    out = jnp.einsum("bqs,bsd->bqd", probs, v).reshape(b, kvh, groups, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 

@@ -78,15 +78,42 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return logits
 
 
+def _first_index_of_max(x: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis (first maximum) as two plain reductions: XLA's CPU
+    argmax (a variadic reduce) costs more than a whole decode step's MLP at vocab 1024."""
+    n = x.shape[-1]
+    hit = x == jnp.max(x, axis=-1, keepdims=True)
+    return jnp.minimum(jnp.min(jnp.where(hit, jnp.arange(n), n), axis=-1), n - 1)
+
+
+def _invert_cdf(cdf: jax.Array, u: jax.Array) -> jax.Array:
+    """Index i with cdf[i-1] <= u < cdf[i] for a non-decreasing cdf [..., n], counted with
+    sums (no argmax). u at or past the total (rounding) gives the last index that adds mass,
+    so an entry of probability 0 is never returned."""
+    below = jnp.sum(cdf <= u[..., None], axis=-1)
+    last = jnp.sum(cdf < cdf[..., -1:], axis=-1)
+    return jnp.minimum(below, last)
+
+
 def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
-    """One draw per row from softmax(logits) [B, V] by inverting the CDF with a single
-    uniform per row. jax.random.categorical draws a Gumbel variate per vocabulary entry,
-    which dominates a decode step on CPU for small models; -inf entries are never drawn."""
-    probs = jax.nn.softmax(logits, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(key, logits.shape[:-1], jnp.float32) * cdf[..., -1]
-    token = jnp.sum(cdf <= u[..., None], axis=-1)
-    return jnp.minimum(token, logits.shape[-1] - 1)
+    """One draw per row from softmax(logits) [B, V] by inverting the CDF with one uniform per
+    row, in two levels (block of ~sqrt(V) entries, then the entry inside it): Gumbel noise
+    per vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum (a slow
+    reduce-window on CPU) each cost more than the rest of a small model's decode step.
+    -inf entries are never drawn."""
+    b, v = logits.shape
+    width = 1 << max(0, (v - 1).bit_length() + 1) // 2  # a power of two near sqrt(V)
+    blocks = -(-v // width)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    probs = jnp.pad(probs, ((0, 0), (0, blocks * width - v))).reshape(b, blocks, width)
+    mass = jnp.sum(probs, axis=-1)
+    cdf = jnp.cumsum(mass, axis=-1)
+    u = jax.random.uniform(key, (b,), jnp.float32) * cdf[:, -1]
+    block = _invert_cdf(cdf, u)
+    inner = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(jnp.pad(cdf[:, :-1], ((0, 0), (1, 0))), block[:, None], axis=1)[:, 0]
+    entry = _invert_cdf(jnp.cumsum(inner, axis=-1), u - before)
+    return block * width + entry
 
 
 def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
@@ -95,7 +122,7 @@ def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
     i.e. what a training forward at the same temperature recomputes."""
     logits = logits.astype(jnp.float32)
     if params.temperature == 0.0:
-        token = jnp.argmax(logits, axis=-1)
+        token = _first_index_of_max(logits)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
     else:
         token = categorical(key, filter_logits(logits, params))
@@ -191,8 +218,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                            logits=model.logits(hidden[:, 0]))
         return i + 1, cache, key, out
 
-    _, cache, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, key, out))
-    return cache, out
+    _, cache, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(), key, out))
+    return cache.stacked(model.cfg.num_kv_heads), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",))

@@ -270,14 +270,17 @@ class Attention(nnx.Module):
         self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
         self.o_proj = Linear(cfg, rngs, cfg.num_heads * hd, d, (TENSOR, FSDP))
 
-    def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset):
+    def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset, query=None):
         cfg = self.cfg
         b, t, _ = x.shape
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
-        q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
         k = apply_rope(self.k_proj(x).reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
+        if query is not None:  # outputs of one slot per row only (see Qwen2.__call__)
+            x, cos, sin, attn_mask = (_pick(a, query) for a in (x, cos, sin, attn_mask))
+            t = 1
+        q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
         if cache is not None:  # write this chunk at `offset`, then attend over the whole buffer
             cache = cache.write(layer, k, v, offset)
             # the key slots this call attends to (see Qwen2.__call__)
@@ -293,6 +296,11 @@ class Attention(nnx.Module):
             outs.append(_attend(q[:, start:stop], k[:, :, :keys], v[:, :, :keys], attn_mask[:, start:stop, :keys], kvh))
         out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
+
+
+def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """x[b, idx[b]] for x [B, T, ...], keeping a time axis of 1."""
+    return jnp.take_along_axis(x, idx.reshape(-1, *(1,) * (x.ndim - 1)), axis=1)
 
 
 def _attend(q, k, v, attn_mask, kvh):
@@ -333,9 +341,9 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, h, cos, sin, attn_mask, cache, layer, offset):
-        attn, cache = self.self_attn(self.input_layernorm(h), cos, sin, attn_mask, cache, layer, offset)
-        h = h + attn
+    def __call__(self, h, cos, sin, attn_mask, cache, layer, offset, query=None):
+        attn, cache = self.self_attn(self.input_layernorm(h), cos, sin, attn_mask, cache, layer, offset, query)
+        h = (h if query is None else _pick(h, query)) + attn
         return h + self.mlp(self.post_attention_layernorm(h)), cache
 
 
@@ -352,10 +360,15 @@ class Qwen2(nnx.Module):
                         _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                 cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None):
+                 cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None,
+                 query: jax.Array | None = None):
         """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
         themselves; with a cache the chunk is written at slot `offset` and attends to the
         cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache).
+
+        `query` [B] (chunk indices) returns only those slots' hidden states [B, 1, hidden]:
+        the last layer then computes just keys/values for the other slots, a third of a
+        3-layer prefill saved when only the next-token logits are wanted.
 
         Only cache slots below `key_limit` are read (a static bound the caller knows holds
         every valid key, e.g. the end of the current turn); by default `offset + T` when the
@@ -376,14 +389,15 @@ class Qwen2(nnx.Module):
         query_slot = offset + jnp.arange(t)
         attn_mask = (key_slot[None, :] <= query_slot[:, None])[None] & key_valid[:, None, :]
 
-        def run(block, h, cache, layer):
-            return block(h, cos, sin, attn_mask, cache, layer, offset)
+        def run(block, h, cache, layer, query):
+            return block(h, cos, sin, attn_mask, cache, layer, offset, query)
 
         for layer, block in enumerate(self.layers):
+            pick = query if layer == len(self.layers) - 1 else None
             if cfg.remat:
-                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer)
+                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer, pick)
             else:
-                h, cache = run(block, h, cache, layer)
+                h, cache = run(block, h, cache, layer, pick)
         return self.norm(h), cache
 
     def head_weight(self) -> jax.Array:

@@ -96,9 +96,14 @@ def _invert_cdf(cdf: jax.Array, u: jax.Array) -> jax.Array:
 
 
 def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
-    """One draw per row from softmax(logits) [B, V] by inverting the CDF with one uniform per
-    row, in two levels (block of ~sqrt(V) entries, then the entry inside it): Gumbel noise
-    per vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum (a slow
+    """One draw per row from softmax(logits) [B, V] (see `_categorical`)."""
+    return _categorical(jax.random.uniform(key, logits.shape[:1], jnp.float32), logits)
+
+
+def _categorical(u: jax.Array, logits: jax.Array) -> jax.Array:
+    """The draw for uniforms u [B] in [0, 1): inverts the CDF of softmax(logits) in two
+    levels (the block of ~sqrt(V) entries, then the entry inside it). Gumbel noise per
+    vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum (a slow
     reduce-window on CPU) each cost more than the rest of a small model's decode step.
     -inf entries are never drawn."""
     b, v = logits.shape
@@ -108,7 +113,7 @@ def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     probs = jnp.pad(probs, ((0, 0), (0, blocks * width - v))).reshape(b, blocks, width)
     mass = jnp.sum(probs, axis=-1)
     cdf = jnp.cumsum(mass, axis=-1)
-    u = jax.random.uniform(key, (b,), jnp.float32) * cdf[:, -1]
+    u = u * cdf[:, -1]
     block = _invert_cdf(cdf, u)
     inner = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
     before = jnp.take_along_axis(jnp.pad(cdf[:, :-1], ((0, 0), (1, 0))), block[:, None], axis=1)[:, 0]
@@ -120,12 +125,17 @@ def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
     """Next tokens [B] and their log-probs [B] under the temperature-scaled model
     distribution (log_softmax(logits / T), before top-k/top-p truncation; T=1 when greedy),
     i.e. what a training forward at the same temperature recomputes."""
+    return _sample_token(jax.random.uniform(key, logits.shape[:1], jnp.float32), logits, params)
+
+
+def _sample_token(u: jax.Array, logits: jax.Array, params: SamplingParams):
+    """`sample_token` given its uniforms u [B] (unused when greedy)."""
     logits = logits.astype(jnp.float32)
     if params.temperature == 0.0:
         token = _first_index_of_max(logits)
         logp_all = jax.nn.log_softmax(logits, axis=-1)
     else:
-        token = categorical(key, filter_logits(logits, params))
+        token = _categorical(u, filter_logits(logits, params))
         logp_all = jax.nn.log_softmax(logits / params.temperature, axis=-1)
     token = token.astype(jnp.int32)
     return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
@@ -165,10 +175,10 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     `prev_logits` (or the logits of slot 0, meaningless, when it is None)."""
     mask = mask.astype(bool)
     positions = positions_from_mask(mask, _start_positions(cache, offset))
-    hidden, cache = model(tokens, positions, mask, cache, offset)
     c = tokens.shape[1]
     last = c - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+    hidden, cache = model(tokens, positions, mask, cache, offset, query=last)
+    logits = model.logits(hidden[:, 0])
     if prev_logits is not None:
         logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)
     return cache, logits
@@ -194,14 +204,18 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                        logprobs=jnp.zeros((b, num_steps), jnp.float32),
                        lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits)
 
+    # every step's uniforms drawn at once: random bits inside the loop cost several small
+    # kernels per step (threefry is itself a loop on CPU)
+    uniforms = (jnp.zeros((num_steps, b), jnp.float32) if params.temperature == 0.0 else
+                jax.random.uniform(key, (num_steps, b), jnp.float32))
+
     def cond(carry):
-        i, _, _, out = carry
+        i, _, out = carry
         return (i < num_steps) & ~jnp.all(out.done)
 
     def body(carry):
-        i, cache, key, out = carry
-        key, sub = jax.random.split(key)
-        token, logp = sample_token(sub, out.logits, params)
+        i, cache, out = carry
+        token, logp = _sample_token(uniforms[i], out.logits, params)
         active = ~out.done
         token = jnp.where(active, token, pad_id)
         tokens = out.tokens.at[:, i].set(token)
@@ -216,9 +230,9 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
                            logits=model.logits(hidden[:, 0]))
-        return i + 1, cache, key, out
+        return i + 1, cache, out
 
-    _, cache, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(), key, out))
+    _, cache, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(), out))
     return cache.stacked(model.cfg.num_kv_heads), out
 
 

@@ -225,15 +225,16 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, key_limit)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
                            logits=model.logits(hidden[:, 0]))
         return i + 1, cache, out
 
-    _, cache, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(), out))
-    return cache.stacked(model.cfg.num_kv_heads), out
+    # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.
+    _, work, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(key_limit), out))
+    return work.merge_into(cache), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",))

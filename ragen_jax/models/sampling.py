@@ -96,26 +96,25 @@ def _invert_cdf(cdf: jax.Array, u: jax.Array) -> jax.Array:
 
 
 def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
-    """One draw per row from softmax(logits) [B, V] (see `_categorical`)."""
-    return _categorical(jax.random.uniform(key, logits.shape[:1], jnp.float32), logits)
+    """One draw per row from softmax(logits) [B, V] (see `_draw`)."""
+    return _draw(jax.random.uniform(key, logits.shape[:1], jnp.float32), jax.nn.softmax(logits, axis=-1))
 
 
-def _categorical(u: jax.Array, logits: jax.Array) -> jax.Array:
-    """The draw for uniforms u [B] in [0, 1): inverts the CDF of softmax(logits) in two
-    levels (the block of ~sqrt(V) entries, then the entry inside it). Gumbel noise per
-    vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum (a slow
-    reduce-window on CPU) each cost more than the rest of a small model's decode step.
-    -inf entries are never drawn."""
-    b, v = logits.shape
+def _draw(u: jax.Array, weights: jax.Array) -> jax.Array:
+    """The draw for uniforms u [B] in [0, 1) from non-negative (unnormalised) weights [B, V]:
+    inverts the CDF in two levels (the block of ~sqrt(V) entries, then the entry inside it).
+    Gumbel noise per vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum
+    (a slow reduce-window on CPU) each cost more than the rest of a small model's decode
+    step. Entries of weight 0 are never drawn."""
+    b, v = weights.shape
     width = 1 << max(0, (v - 1).bit_length() + 1) // 2  # a power of two near sqrt(V)
     blocks = -(-v // width)
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    probs = jnp.pad(probs, ((0, 0), (0, blocks * width - v))).reshape(b, blocks, width)
-    mass = jnp.sum(probs, axis=-1)
+    weights = jnp.pad(weights.astype(jnp.float32), ((0, 0), (0, blocks * width - v))).reshape(b, blocks, width)
+    mass = jnp.sum(weights, axis=-1)
     cdf = jnp.cumsum(mass, axis=-1)
     u = u * cdf[:, -1]
     block = _invert_cdf(cdf, u)
-    inner = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
+    inner = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]
     before = jnp.take_along_axis(jnp.pad(cdf[:, :-1], ((0, 0), (1, 0))), block[:, None], axis=1)[:, 0]
     entry = _invert_cdf(jnp.cumsum(inner, axis=-1), u - before)
     return block * width + entry
@@ -129,16 +128,22 @@ def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
 
 
 def _sample_token(u: jax.Array, logits: jax.Array, params: SamplingParams):
-    """`sample_token` given its uniforms u [B] (unused when greedy)."""
+    """`sample_token` given its uniforms u [B] (unused when greedy). The log-prob is
+    log_softmax's formula at the drawn token only; without top-k/top-p the draw reuses its
+    exponentials (one pass over the vocabulary instead of three)."""
     logits = logits.astype(jnp.float32)
+    scaled = logits / params.temperature if params.temperature else logits
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    weights = jnp.exp(scaled - top)
     if params.temperature == 0.0:
         token = _first_index_of_max(logits)
-        logp_all = jax.nn.log_softmax(logits, axis=-1)
+    elif params.top_k or params.top_p < 1.0:
+        token = _draw(u, jax.nn.softmax(filter_logits(logits, params), axis=-1))
     else:
-        token = _categorical(u, filter_logits(logits, params))
-        logp_all = jax.nn.log_softmax(logits / params.temperature, axis=-1)
+        token = _draw(u, weights)
     token = token.astype(jnp.int32)
-    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    picked = jnp.take_along_axis(scaled - top, token[:, None], axis=-1)[:, 0]
+    return token, picked - jnp.log(jnp.sum(weights, axis=-1))
 
 
 def stop_on_suffix(sequences: list[list[int]]) -> Callable:

@@ -391,14 +391,16 @@ class Qwen2(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                  cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None,
-                 query: jax.Array | None = None):
+                 query: jax.Array | None = None, rope: tuple[jax.Array, jax.Array] | None = None):
         """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
         themselves; with a cache the chunk is written at slot `offset` and attends to the
         cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache).
 
         `query` [B] (chunk indices) returns only those slots' hidden states [B, 1, hidden]:
         the last layer then computes just keys/values for the other slots, a third of a
-        3-layer prefill saved when only the next-token logits are wanted.
+        3-layer prefill saved when only the next-token logits are wanted. `rope` =
+        rope_tables(cfg, arange(n)[None]) looks the cos/sin up instead of computing them
+        (a decode loop computes them once; XLA would recompute them in every fusion reading them).
 
         Only cache slots below `key_limit` are read (a static bound the caller knows holds
         every valid key, e.g. the end of the current turn); by default `offset + T` when the
@@ -408,7 +410,10 @@ class Qwen2(nnx.Module):
         dtype = jnp.dtype(cfg.dtype)
         mask = mask.astype(bool)
         h = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dtype)
-        cos, sin = rope_tables(cfg, positions)
+        if rope is None:
+            cos, sin = rope_tables(cfg, positions)
+        else:
+            cos, sin = (jnp.take(table[0], positions, axis=0) for table in rope)
         t = tokens.shape[1]
         if cache is None:
             key_valid, key_slot = mask, jnp.arange(t)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, rope_tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +230,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, rope=rope)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
@@ -238,7 +238,9 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
         return i + 1, cache, out
 
     # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.
-    _, work, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache.per_layer(key_limit), out))
+    work = cache.per_layer(key_limit)
+    rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
+    _, work, out = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out))
     return work.merge_into(cache), out
 
 

@@ -344,10 +344,12 @@ def _attend(q, k, v, attn_mask, kvh, layered=False):
         scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kvh, groups, t, s) * (hd ** -0.5)
     scores = jnp.where(attn_mask[:, None, None], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    if layered:
-        out = jnp.einsum("bqs,bsd->bqd", probs.reshape(b * kvh, groups * t, s), v)
+    if layered:  # normalise the [.., hd] output, not the [.., s] weights: one pass fewer
+        e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        out = jnp.einsum("bqs,bsd->bqd", e.astype(q.dtype).reshape(b * kvh, groups * t, s), v)
+        out = out / jnp.sum(e, axis=-1).reshape(b * kvh, groups * t, 1).astype(out.dtype)
     else:
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(b, kvh, groups * t, s), v)
     out = out.reshape(b, kvh, groups, t, hd)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, heads * hd)

@@ -200,7 +200,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     A sequence stops after emitting an id in `eos_ids` or when `stop_fn(tokens, lengths)`
     is true; later slots are written as holes. Rows with `done` set never start. The loop is
     a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
-    cache slots attended to: pass offset + num_steps when the offset is known statically.
+    cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
+    offset + num_steps when the offset is known statically.
     """
     b = logits.shape[0]
     done = jnp.zeros((b,), bool) if done is None else done.astype(bool)

@@ -79,11 +79,11 @@ def bench_ours(model, ids, new, repeats):
     return timed(run, repeats)
 
 
-def bench_transformers(model, ids, new, repeats):
+def bench_transformers(model, ids, new, repeats, threads=2):
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(model, tmp)
         torch_model = AutoModelForCausalLM.from_pretrained(tmp).eval()
@@ -178,6 +178,9 @@ def main(argv=None):
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=2,
+                        help="PyTorch threads for transformers (1 with `taskset -c 0` compares one core each: "
+                             "2 OpenMP threads stall when other processes hold the cores)")
     parser.add_argument("--tunix-python", default=None,
                         help="a Python with google-tunix beside jax (default: this one, if it imports)")
     parser.add_argument("--engine", default="all", choices=["all", "tunix"], help=argparse.SUPPRESS)
@@ -195,7 +198,7 @@ def main(argv=None):
         first, steady = bench_ours(model, ids, args.new, args.repeats)
         ours_tps = tokens / steady
         print(f"{name:6s} ragen_jax     {ours_tps:9.0f} tok/s  (steady {steady:.3f}s, compile {first - steady:.1f}s)")
-        t_first, t_steady = bench_transformers(model, ids, args.new, args.repeats)
+        t_first, t_steady = bench_transformers(model, ids, args.new, args.repeats, args.torch_threads)
         print(f"{name:6s} transformers  {tokens / t_steady:9.0f} tok/s  (steady {t_steady:.3f}s)  "
               f"ratio ours/transformers {t_steady / steady:.1f}x")
         result, why = None, None

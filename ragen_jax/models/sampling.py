@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, rope_tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,30 +78,72 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return logits
 
 
+def _first_index_of_max(x: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis (first maximum) as two plain reductions: XLA's CPU
+    argmax (a variadic reduce) costs more than a whole decode step's MLP at vocab 1024."""
+    n = x.shape[-1]
+    hit = x == jnp.max(x, axis=-1, keepdims=True)
+    return jnp.minimum(jnp.min(jnp.where(hit, jnp.arange(n), n), axis=-1), n - 1)
+
+
+def _invert_cdf(cdf: jax.Array, u: jax.Array) -> jax.Array:
+    """Index i with cdf[i-1] <= u < cdf[i] for a non-decreasing cdf [..., n], counted with
+    sums (no argmax). u at or past the total (rounding) gives the last index that adds mass,
+    so an entry of probability 0 is never returned."""
+    below = jnp.sum(cdf <= u[..., None], axis=-1)
+    last = jnp.sum(cdf < cdf[..., -1:], axis=-1)
+    return jnp.minimum(below, last)
+
+
 def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
-    """One draw per row from softmax(logits) [B, V] by inverting the CDF with a single
-    uniform per row. jax.random.categorical draws a Gumbel variate per vocabulary entry,
-    which dominates a decode step on CPU for small models; -inf entries are never drawn."""
-    probs = jax.nn.softmax(logits, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.random.uniform(key, logits.shape[:-1], jnp.float32) * cdf[..., -1]
-    token = jnp.sum(cdf <= u[..., None], axis=-1)
-    return jnp.minimum(token, logits.shape[-1] - 1)
+    """One draw per row from softmax(logits) [B, V] (see `_draw`)."""
+    return _draw(jax.random.uniform(key, logits.shape[:1], jnp.float32), jax.nn.softmax(logits, axis=-1))
+
+
+def _draw(u: jax.Array, weights: jax.Array) -> jax.Array:
+    """The draw for uniforms u [B] in [0, 1) from non-negative (unnormalised) weights [B, V]:
+    inverts the CDF in two levels (the block of ~sqrt(V) entries, then the entry inside it).
+    Gumbel noise per vocabulary entry (jax.random.categorical) and a full-vocabulary cumsum
+    (a slow reduce-window on CPU) each cost more than the rest of a small model's decode
+    step. Entries of weight 0 are never drawn."""
+    b, v = weights.shape
+    width = 1 << max(0, (v - 1).bit_length() + 1) // 2  # a power of two near sqrt(V)
+    blocks = -(-v // width)
+    weights = jnp.pad(weights.astype(jnp.float32), ((0, 0), (0, blocks * width - v))).reshape(b, blocks, width)
+    mass = jnp.sum(weights, axis=-1)
+    cdf = jnp.cumsum(mass, axis=-1)
+    u = u * cdf[:, -1]
+    block = _invert_cdf(cdf, u)
+    inner = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(jnp.pad(cdf[:, :-1], ((0, 0), (1, 0))), block[:, None], axis=1)[:, 0]
+    entry = _invert_cdf(jnp.cumsum(inner, axis=-1), u - before)
+    return block * width + entry
 
 
 def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams):
     """Next tokens [B] and their log-probs [B] under the temperature-scaled model
     distribution (log_softmax(logits / T), before top-k/top-p truncation; T=1 when greedy),
     i.e. what a training forward at the same temperature recomputes."""
+    return _sample_token(jax.random.uniform(key, logits.shape[:1], jnp.float32), logits, params)
+
+
+def _sample_token(u: jax.Array, logits: jax.Array, params: SamplingParams):
+    """`sample_token` given its uniforms u [B] (unused when greedy). The log-prob is
+    log_softmax's formula at the drawn token only; without top-k/top-p the draw reuses its
+    exponentials (one pass over the vocabulary instead of three)."""
     logits = logits.astype(jnp.float32)
+    scaled = logits / params.temperature if params.temperature else logits
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    weights = jnp.exp(scaled - top)
     if params.temperature == 0.0:
-        token = jnp.argmax(logits, axis=-1)
-        logp_all = jax.nn.log_softmax(logits, axis=-1)
+        token = _first_index_of_max(logits)
+    elif params.top_k or params.top_p < 1.0:
+        token = _draw(u, jax.nn.softmax(filter_logits(logits, params), axis=-1))
     else:
-        token = categorical(key, filter_logits(logits, params))
-        logp_all = jax.nn.log_softmax(logits / params.temperature, axis=-1)
+        token = _draw(u, weights)
     token = token.astype(jnp.int32)
-    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    picked = jnp.take_along_axis(scaled - top, token[:, None], axis=-1)[:, 0]
+    return token, picked - jnp.log(jnp.sum(weights, axis=-1))
 
 
 def stop_on_suffix(sequences: list[list[int]]) -> Callable:
@@ -138,10 +180,10 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     `prev_logits` (or the logits of slot 0, meaningless, when it is None)."""
     mask = mask.astype(bool)
     positions = positions_from_mask(mask, _start_positions(cache, offset))
-    hidden, cache = model(tokens, positions, mask, cache, offset)
     c = tokens.shape[1]
     last = c - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+    hidden, cache = model(tokens, positions, mask, cache, offset, query=last)
+    logits = model.logits(hidden[:, 0])
     if prev_logits is not None:
         logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)
     return cache, logits
@@ -158,7 +200,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     A sequence stops after emitting an id in `eos_ids` or when `stop_fn(tokens, lengths)`
     is true; later slots are written as holes. Rows with `done` set never start. The loop is
     a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
-    cache slots attended to: pass offset + num_steps when the offset is known statically.
+    cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
+    offset + num_steps when the offset is known statically.
     """
     b = logits.shape[0]
     done = jnp.zeros((b,), bool) if done is None else done.astype(bool)
@@ -167,14 +210,18 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                        logprobs=jnp.zeros((b, num_steps), jnp.float32),
                        lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits)
 
+    # every step's uniforms drawn at once: random bits inside the loop cost several small
+    # kernels per step (threefry is itself a loop on CPU)
+    uniforms = (jnp.zeros((num_steps, b), jnp.float32) if params.temperature == 0.0 else
+                jax.random.uniform(key, (num_steps, b), jnp.float32))
+
     def cond(carry):
-        i, _, _, out = carry
+        i, _, out = carry
         return (i < num_steps) & ~jnp.all(out.done)
 
     def body(carry):
-        i, cache, key, out = carry
-        key, sub = jax.random.split(key)
-        token, logp = sample_token(sub, out.logits, params)
+        i, cache, out = carry
+        token, logp = _sample_token(uniforms[i], out.logits, params)
         active = ~out.done
         token = jnp.where(active, token, pad_id)
         tokens = out.tokens.at[:, i].set(token)
@@ -184,15 +231,18 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, key_limit)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, rope=rope)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
                            logits=model.logits(hidden[:, 0]))
-        return i + 1, cache, key, out
+        return i + 1, cache, out
 
-    _, cache, _, out = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, key, out))
-    return cache, out
+    # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.
+    work = cache.per_layer(key_limit)
+    rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
+    _, work, out = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out))
+    return work.merge_into(cache), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",))

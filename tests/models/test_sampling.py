@@ -167,17 +167,50 @@ def test_filter_logits_matches_numpy(temperature, top_k, top_p):
     np.testing.assert_allclose(got[~np.isinf(got)], want[~np.isinf(want)], rtol=1e-6)
 
 
-def test_sampling_frequencies_follow_filtered_softmax():
-    logits = jnp.asarray([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
-    params = sampling.SamplingParams(temperature=0.8, top_k=4, top_p=0.95)
-    keys = jax.random.split(jax.random.key(7), 20000)
-    tokens, logp = jax.vmap(lambda k: sampling.sample_token(k, logits, params))(keys)
-    freq = np.bincount(np.asarray(tokens[:, 0]), minlength=6) / 20000
-    want = np.exp(numpy_filter(np.asarray(logits), 0.8, 4, 0.95))[0]
+@pytest.mark.parametrize("vocab", [6, 40, 211])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8),
+                                                     (0.8, 4, 0.95)])
+def test_sampling_frequencies_follow_filtered_softmax(temperature, top_k, top_p, vocab):
+    """Many draws from one row: each token's frequency within 5 standard errors of its
+    probability under the filtered softmax, removed and -inf entries never drawn, and the
+    log-prob returned is log_softmax(logits / T) at the drawn token. Vocabularies of 6, 40
+    and 211 give one, several, and padded blocks in the two-level draw."""
+    rng = np.random.default_rng(vocab)
+    logits = (rng.normal(size=(1, vocab)) * 1.5).astype(np.float32)
+    logits[0, 3] = -np.inf
+    n = 40000
+    params = sampling.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    keys = jax.random.split(jax.random.key(7), n)
+    tokens, logp = jax.jit(jax.vmap(lambda k: sampling.sample_token(k, jnp.asarray(logits), params)))(keys)
+    tokens = np.asarray(tokens[:, 0])
+    freq = np.bincount(tokens, minlength=vocab) / n
+    want = np.exp(numpy_filter(logits, temperature, top_k, top_p))[0]
     want /= want.sum()
-    np.testing.assert_allclose(freq, want, atol=0.015)
-    full = np.asarray(jax.nn.log_softmax(logits[0] / 0.8))
-    np.testing.assert_allclose(np.asarray(logp[:, 0]), full[np.asarray(tokens[:, 0])], rtol=1e-6)
+    assert freq[want == 0].sum() == 0
+    np.testing.assert_array_less(np.abs(freq - want), 5 * np.sqrt(want * (1 - want) / n) + 1e-12)
+    full = np.asarray(jax.nn.log_softmax(jnp.asarray(logits[0]) / temperature))
+    np.testing.assert_allclose(np.asarray(logp[:, 0]), full[tokens], rtol=1e-6)
+
+
+def test_draw_never_returns_a_zero_weight_entry():
+    """The CDF inversion at its edges: u = 0, u just below 1, and weights whose sums round."""
+    weights = jnp.asarray([[0, 0, 1e-30, 0, 3, 0, 0, 0, 0],
+                           [0, 1, 0, 0, 0, 0, 0, 0, 1e-8],
+                           [5, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.float32)
+    for u in (0.0, 0.5, np.nextafter(np.float32(1), np.float32(0))):
+        token = np.asarray(sampling._draw(jnp.full((3,), u, jnp.float32), weights))
+        assert (np.asarray(weights)[np.arange(3), token] > 0).all(), (u, token)
+
+
+def test_same_key_same_samples(untied, prompts):
+    ids, mask = (jnp.asarray(x) for x in prompts)
+    params = sampling.SamplingParams(temperature=1.0)
+    run = lambda seed: sampling.generate(untied[1], ids, mask, jax.random.key(seed), max_new_tokens=NEW,
+                                         params=params)
+    a, b, c = run(11), run(11), run(12)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
 
 
 def test_bad_sampling_params():

@@ -17,3 +17,17 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("deterministic", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+
+# The slowest files start first: with two workers and one file per worker (--dist loadfile),
+# a slow file collected last would run alone at the end while the other worker idles.
+SLOW_FIRST = ("study/test_study.py", "cli/test_multi_process.py", "notebooks/test_notebooks.py",
+              "cli/test_train_cli.py", "train/test_sharding.py", "train/test_train_step.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return next((i for i, name in enumerate(SLOW_FIRST) if path.endswith(name)), len(SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: the order inside a file and among the rest is kept

@@ -1,7 +1,7 @@
 """The learning runs and the small-scale reproduction study behind docs/results.md.
 
     # does the default CPU run learn? start vs end validation success, per seed
-    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn
+    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn  # 8 samples per level
 
     # the paper's findings: Top-p 0.9 vs Top-k vs no filter, PPO and GRPO, per seed
     python benchmarks/reproduce.py study --env frozenlake --seeds 0 1 2 --steps 40 --out results/study
@@ -89,7 +89,8 @@ def learn(args) -> None:
     """The default config per seed; validation on `eval_episodes` levels before and during."""
     for seed in args.seeds:
         workdir = args.out / args.env / f"seed{seed}"
-        overrides = {"eval.num_envs": str(args.eval_episodes), "train.val_every": str(args.val_every),
+        overrides = {"eval.num_envs": str(args.eval_episodes), "eval.samples_per_env": str(args.eval_samples),
+                     "train.val_every": str(args.val_every),
                      **({"train.steps": str(args.steps)} if args.steps else {}), **dict(args.set)}
         config = run_config(args.env, seed, overrides)
         start_file = workdir / "start_validation.json"
@@ -108,6 +109,7 @@ def study(args) -> None:
                 workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
                 overrides = {**FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
                              "train.val_every": str(args.val_every), "eval.num_envs": str(args.eval_episodes),
+                             "eval.samples_per_env": str(args.eval_samples),
                              "grad_buckets": str(args.grad_buckets), "early_stop.val_patience": "0",
                              "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
                              **dict(args.set)}
@@ -268,6 +270,9 @@ def main(argv=None) -> int:
         p.add_argument("--steps", type=int, default=0 if name == "learn" else 40)
         p.add_argument("--val-every", type=int, default=20 if name == "learn" else 10)
         p.add_argument("--eval-episodes", type=int, default=128 if name == "learn" else 32)
+        # one sample per level has a standard error of ~0.04 on 128 levels (docs/results.md §5)
+        p.add_argument("--eval-samples", type=int, default=8 if name == "learn" else 1,
+                       help="samples per validation level (success is over all of them; pass@k too)")
         p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
                        metavar="KEY=VALUE", help="any other config override, e.g. rollout.num_groups=2")
         if name == "study":

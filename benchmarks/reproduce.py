@@ -82,6 +82,12 @@ def train_one(config, workdir: Path, steps: int) -> None:
         raise SystemExit(f"{workdir}: training exited with code {code}")
 
 
+def validation_overrides(args) -> dict[str, str]:
+    """How often and on how many levels × samples per level a run validates."""
+    return {"train.val_every": str(args.val_every), "eval.num_envs": str(args.eval_episodes),
+            "eval.samples_per_env": str(args.eval_samples)}
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -89,9 +95,8 @@ def learn(args) -> None:
     """The default config per seed; validation on `eval_episodes` levels before and during."""
     for seed in args.seeds:
         workdir = args.out / args.env / f"seed{seed}"
-        overrides = {"eval.num_envs": str(args.eval_episodes), "eval.samples_per_env": str(args.eval_samples),
-                     "train.val_every": str(args.val_every),
-                     **({"train.steps": str(args.steps)} if args.steps else {}), **dict(args.set)}
+        overrides = {**validation_overrides(args), **({"train.steps": str(args.steps)} if args.steps else {}),
+                     **dict(args.set)}
         config = run_config(args.env, seed, overrides)
         start_file = workdir / "start_validation.json"
         if not start_file.exists():
@@ -108,10 +113,9 @@ def study(args) -> None:
             for algo in args.algos:
                 workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
                 overrides = {**FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
-                             "train.val_every": str(args.val_every), "eval.num_envs": str(args.eval_episodes),
-                             "eval.samples_per_env": str(args.eval_samples),
-                             "grad_buckets": str(args.grad_buckets), "early_stop.val_patience": "0",
-                             "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
+                             **validation_overrides(args), "grad_buckets": str(args.grad_buckets),
+                             "early_stop.val_patience": "0", "early_stop.empty_batches": "0",
+                             "early_stop.reward_std_collapse": "0",
                              **dict(args.set)}
                 train_one(run_config(args.env, seed, overrides), workdir, args.steps)
 

@@ -292,8 +292,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--figures", type=Path, default=None)
     args = parser.parse_args(argv)
-    if getattr(args, "eval_episodes", 1) < 1:
-        parser.error(f"--eval-episodes={args.eval_episodes} must be >= 1")
+    for flag in ("eval_episodes", "eval_samples"):
+        if getattr(args, flag, 1) < 1:
+            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 

@@ -108,3 +108,11 @@ def test_reproduce_study_smoke(tmp_path):
     assert "| sokoban | top_p-grpo | 1 |" in out.stdout
     assert "Spearman(MI-ZScore, success)" in out.stdout and "| 1 |" in out.stdout  # a gradient bucket row
     assert (tmp_path / "fig" / "study_sokoban.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag", ["--eval-samples", "--eval-episodes"])
+def test_reproduce_rejects_zero_validation_in_one_line(flag):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "learn", "--env", "sokoban",
+                          "--out", "unused", flag, "0"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1] == f"reproduce.py: error: {flag}=0 must be >= 1"

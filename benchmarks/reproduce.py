@@ -272,7 +272,7 @@ def main(argv=None) -> int:
         p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--steps", type=int, default=0 if name == "learn" else 40)
-        p.add_argument("--val-every", type=int, default=20 if name == "learn" else 10)
+        p.add_argument("--val-every", type=int, default=25 if name == "learn" else 10)
         p.add_argument("--eval-episodes", type=int, default=128 if name == "learn" else 32)
         # one sample per level has a standard error of ~0.04 on 128 levels (docs/results.md §5)
         p.add_argument("--eval-samples", type=int, default=8 if name == "learn" else 1,

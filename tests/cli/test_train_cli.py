@@ -227,8 +227,9 @@ def test_frozenlake_slip_reaches_the_env():
     from ragen_jax.envs import registry
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
-    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "0.8"}), 1)
-    _, params = registry.make(run.env_name, **run.env_overrides)
-    assert params.success_rate == 0.8
-    run = config_lib.build(config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py")), 1)
+    run = config_lib.build(config, 1)
+    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == pytest.approx(0.8)  # the config's
+    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "0.5"}), 1)
+    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == pytest.approx(0.5)
+    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "-1"}), 1)  # the preset's 1/3
     assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == registry.make("FrozenLake")[1].success_rate

@@ -1,7 +1,7 @@
 """The learning runs and the small-scale reproduction study behind docs/results.md.
 
     # does the default CPU run learn? start vs end validation success, per seed
-    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn  # 8 samples per level
+    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn  # the config's validation
 
     # the paper's findings: Top-p 0.9 vs Top-k vs no filter, PPO and GRPO, per seed
     python benchmarks/reproduce.py study --env frozenlake --seeds 0 1 2 --steps 40 --out results/study
@@ -83,16 +83,18 @@ def train_one(config, workdir: Path, steps: int) -> None:
 
 
 def validation_overrides(args) -> dict[str, str]:
-    """How often and on how many levels × samples per level a run validates."""
-    return {"train.val_every": str(args.val_every), "eval.num_envs": str(args.eval_episodes),
-            "eval.samples_per_env": str(args.eval_samples)}
+    """How often and on how many levels × samples per level a run validates; a flag left unset
+    (`learn`'s defaults) keeps the config's own value."""
+    flags = {"train.val_every": args.val_every, "eval.num_envs": args.eval_episodes,
+             "eval.samples_per_env": args.eval_samples}
+    return {key: str(value) for key, value in flags.items() if value is not None}
 
 
 # ----------------------------------------------------------------------------- commands
 
 
 def learn(args) -> None:
-    """The default config per seed; validation on `eval_episodes` levels before and during."""
+    """The default config per seed; the config's validation (or the flags') before and during."""
     for seed in args.seeds:
         workdir = args.out / args.env / f"seed{seed}"
         overrides = {**validation_overrides(args), **({"train.steps": str(args.steps)} if args.steps else {}),
@@ -272,10 +274,11 @@ def main(argv=None) -> int:
         p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--steps", type=int, default=0 if name == "learn" else 40)
-        p.add_argument("--val-every", type=int, default=25 if name == "learn" else 10)
-        p.add_argument("--eval-episodes", type=int, default=128 if name == "learn" else 32)
-        # one sample per level has a standard error of ~0.04 on 128 levels (docs/results.md §5)
-        p.add_argument("--eval-samples", type=int, default=8 if name == "learn" else 1,
+        # learn: the config's validation (128 levels × 8 samples every 25 steps for the tiny configs;
+        # one sample per level has a standard error of ~0.04, docs/results.md §5); study: a cheaper one
+        p.add_argument("--val-every", type=int, default=None if name == "learn" else 10)
+        p.add_argument("--eval-episodes", type=int, default=None if name == "learn" else 32)
+        p.add_argument("--eval-samples", type=int, default=None if name == "learn" else 1,
                        help="samples per validation level (success is over all of them; pass@k too)")
         p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
                        metavar="KEY=VALUE", help="any other config override, e.g. rollout.num_groups=2")
@@ -293,8 +296,9 @@ def main(argv=None) -> int:
     p.add_argument("--figures", type=Path, default=None)
     args = parser.parse_args(argv)
     for flag in ("eval_episodes", "eval_samples"):
-        if getattr(args, flag, 1) < 1:
-            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 

@@ -41,6 +41,7 @@ class AlgoConfig:
     critic_lr: float = 1e-5
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    lr_warmup: int = 0  # optimiser updates over which the learning rate rises linearly from 0 (0: none)
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
     micro_batch_size: int = 0  # trajectories per forward/backward (0: the whole minibatch)
@@ -73,6 +74,8 @@ class AlgoConfig:
         for field in ("gamma", "lam"):
             if not 0.0 <= getattr(self, field) <= 1.0:
                 raise ValueError(f"algo.{field}={getattr(self, field)} must be in [0, 1]")
+        if self.lr_warmup < 0:
+            raise ValueError(f"algo.lr_warmup={self.lr_warmup} must be >= 0 (optimiser updates; 0: no warm-up)")
         if self.mini_batch_size < 1 or self.epochs < 1 or self.micro_batch_size < 0:
             raise ValueError(
                 f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1 and "
@@ -118,6 +121,13 @@ class AlgoConfig:
 
 
 def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:
-    """AdamW after global-norm clipping (verl's actor and critic defaults)."""
+    """AdamW after global-norm clipping (verl's actor and critic defaults).
+
+    With `lr_warmup` > 0 the rate rises linearly from 0 over that many optimiser updates: Adam's
+    first updates move every parameter by about the full rate whatever its gradient (the
+    second-moment estimate rests on one or two gradients), which at lr 2e-4 costs the tiny
+    warm starts their success in the first ~10 RL steps (docs/results.md §9). Without a warm-up
+    the rate is a constant, so the optimiser state keeps its layout and older checkpoints resume."""
+    rate = optax.linear_schedule(0.0, lr, config.lr_warmup) if config.lr_warmup else lr
     return optax.chain(optax.clip_by_global_norm(config.grad_clip),
-                       optax.adamw(lr, b1=0.9, b2=0.999, weight_decay=config.weight_decay))
+                       optax.adamw(rate, b1=0.9, b2=0.999, weight_decay=config.weight_decay))

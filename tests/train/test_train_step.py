@@ -5,11 +5,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from agent_setup import text_parts, tiny_model
 from flax import nnx
 
-from ragen_jax.rl.algorithms import AlgoConfig
+from ragen_jax.rl.algorithms import AlgoConfig, optimizer
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig, model_policy, rollout
 from ragen_jax.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
@@ -218,6 +219,7 @@ def test_presets_select_the_recipes():
     (lambda: AlgoConfig.preset("sac"), "algo.name='sac'"),
     (lambda: AlgoConfig.preset("dapo", kl_coef=0.1), "algo.kl_coef"),
     (lambda: AlgoConfig.preset("grpo", mini_batch_size=8, micro_batch_size=3), "algo.micro_batch_size=3"),
+    (lambda: AlgoConfig.preset("grpo", lr_warmup=-1), "algo.lr_warmup=-1"),
     (lambda: StepConfig(rollout=dataclasses.replace(ROLLOUT, group_size=1), algo=AlgoConfig.preset("grpo"),
                         filter=FilterConfig(metric="reward_mean")), "group_size"),
     (lambda: StepConfig(rollout=ROLLOUT, algo=AlgoConfig.preset("grpo", mini_batch_size=5)), "mini_batch_size=5"),
@@ -225,6 +227,23 @@ def test_presets_select_the_recipes():
 def test_invalid_settings_name_the_key(make, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         make()
+
+
+def test_lr_warmup_scales_the_first_updates_linearly():
+    """With lr_warmup=4 the k-th update (k = 0, 1, ...) is k/4 of the constant-rate one on the
+    same gradients (Adam's moments do not depend on the rate); from update 4 on they agree."""
+    grads = [{"w": jnp.array([0.3, -1.2, 0.05])}, {"w": jnp.array([-0.1, 0.4, 2.0])}] * 3
+    params = {"w": jnp.array([1.0, -2.0, 0.5])}
+    plain = optimizer(1e-2, AlgoConfig.preset("grpo", weight_decay=0.0))
+    warm = optimizer(1e-2, AlgoConfig.preset("grpo", weight_decay=0.0, lr_warmup=4))
+    s_plain, s_warm = plain.init(params), warm.init(params)
+    for k, g in enumerate(grads):
+        u_plain, s_plain = plain.update(g, s_plain, params)
+        u_warm, s_warm = warm.update(g, s_warm, params)
+        np.testing.assert_allclose(u_warm["w"], min(k / 4, 1.0) * u_plain["w"], rtol=1e-6, atol=1e-9)
+    # without a warm-up the optimiser state keeps the layout older checkpoints were saved with
+    before = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
+    assert jax.tree.structure(plain.init(params)) == jax.tree.structure(before.init(params))
 
 
 # ----------------------------------------------------------------------------- diagnostics wiring

@@ -227,9 +227,11 @@ def test_frozenlake_slip_reaches_the_env():
     from ragen_jax.envs import registry
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
-    run = config_lib.build(config, 1)
-    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == pytest.approx(0.8)  # the config's
-    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "0.5"}), 1)
-    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == pytest.approx(0.5)
-    run = config_lib.build(config_lib.apply_overrides(config, {"env.success_rate": "-1"}), 1)  # the preset's 1/3
-    assert registry.make(run.env_name, **run.env_overrides)[1].success_rate == registry.make("FrozenLake")[1].success_rate
+
+    def slip(overrides):
+        run = config_lib.build(config_lib.apply_overrides(config, overrides), 1)
+        return registry.make(run.env_name, **run.env_overrides)[1].success_rate
+
+    assert slip({}) == pytest.approx(0.8)  # the config's
+    assert slip({"env.success_rate": "0.5"}) == pytest.approx(0.5)
+    assert slip({"env.success_rate": "-1"}) == registry.make("FrozenLake")[1].success_rate  # the preset's 1/3

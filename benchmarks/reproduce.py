@@ -109,7 +109,13 @@ def learn(args) -> None:
 
 
 def study(args) -> None:
-    """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on."""
+    """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on;
+    first the initial policy's validation (the same levels and samples for every arm and seed)."""
+    start_file = args.out / args.env / "start_validation.json"
+    if not start_file.exists():
+        start = initial_validation(run_config(args.env, 0, {**validation_overrides(args), **dict(args.set)}))
+        start_file.parent.mkdir(parents=True, exist_ok=True)
+        start_file.write_text(json.dumps(start, indent=2))
     for seed in args.seeds:
         for filter_name in args.filters:
             for algo in args.algos:
@@ -172,26 +178,29 @@ def _fmt(value: float, digits: int = 3) -> str:
 
 def report(args) -> None:
     """Markdown tables on stdout (and a figure per env with --figures) from every run under --out."""
-    runs: dict[tuple[str, str], list[list[dict]]] = {}
+    runs: dict[tuple[str, str], list[list[dict]]] = {}  # (env, arm) -> its seeds' records
+    seeds: dict[tuple[str, str], list[list[dict]]] = {}  # (env, seed) -> its arms' records
     for metrics in sorted(args.out.glob("*/*/seed*/metrics.jsonl")) + sorted(args.out.glob("*/seed*/metrics.jsonl")):
         workdir = metrics.parent
         parts = workdir.relative_to(args.out).parts
         env, arm = parts[0], (parts[1] if len(parts) == 3 else "default")
-        runs.setdefault((env, arm), []).append(_records(workdir))
+        records = _records(workdir)
+        runs.setdefault((env, arm), []).append(records)
+        seeds.setdefault((env, parts[-1]), []).append(records)
     if not runs:
         raise SystemExit(f"no runs under {args.out} (expected <env>/<arm>/seed<k>/metrics.jsonl)")
-    print(results_tables(runs, args.out))
+    print(results_tables(runs, args.out, seeds))
     if args.figures:
         for env in sorted({env for env, _ in runs}):
             path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures)
             print(f"\nfigure: {path}")
 
 
-def results_tables(runs, out: Path) -> str:
+def results_tables(runs, out: Path, seeds=None) -> str:
     from ragen_jax import study as st
 
     columns = ["start_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
-               "mean_reasoning_entropy", "mean_kept_ratio", "mean_step_seconds"]
+               "mean_reasoning_entropy", "alarm_rate", "mean_kept_ratio", "mean_step_seconds"]
     lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
     for (env, arm), records in sorted(runs.items()):
         rows = [st.summarise_run(r) for r in records]
@@ -207,17 +216,25 @@ def results_tables(runs, out: Path) -> str:
         lines += ["", "| run | start validation success (initial policy) | end validation success |",
                   "| --- | ---: | ---: |"]
         for path in starts:
-            records = _records(path.parent)
-            end = [r["val/success"] for r in records if "val/success" in r]
-            lines.append(f"| {path.parent.relative_to(out)} | {_fmt(json.loads(path.read_text())['success'])} | "
-                         f"{_fmt(end[-1] if end else math.nan)} |")
-    lines += ["", "| env | Spearman(MI-ZScore, success) | Spearman(reasoning entropy, success) | points |",
-              "| --- | ---: | ---: | ---: |"]
+            start = _fmt(json.loads(path.read_text())["success"])
+            if not (path.parent / "metrics.jsonl").exists():  # a study's: one initial policy for every arm
+                lines.append(f"| {path.parent.relative_to(out)} (initial policy of every arm) | {start} | — |")
+                continue
+            end = [r["val/success"] for r in _records(path.parent) if "val/success" in r]
+            lines.append(f"| {path.parent.relative_to(out)} | {start} | {_fmt(end[-1] if end else math.nan)} |")
+    # raw: every run's checkpoints pooled (the paper's); centred: each checkpoint minus the mean of
+    # the same seed's runs at that step, which drew the same levels (ragen_jax.study)
+    lines += ["", "| env | points | Spearman(MI-ZScore, success) | Spearman(reasoning entropy, success) |",
+              "| --- | --- | ---: | ---: |"]
     for env in sorted({env for env, _ in runs}):
         all_runs = [r for (e, _), rs in runs.items() if e == env for r in rs]
-        mx, my = st.checkpoint_points(all_runs, st.MI_ZSCORE)
-        ex, ey = st.checkpoint_points(all_runs, st.REASONING_ENTROPY)
-        lines.append(f"| {env} | {_fmt(st.spearman(mx, my))} | {_fmt(st.spearman(ex, ey))} | {len(mx)} |")
+        env_seeds = [rs for (e, _), rs in sorted((seeds or {}).items()) if e == env]
+        rows = [("raw", [st.checkpoint_points(all_runs, key) for key in (st.MI_ZSCORE, st.REASONING_ENTROPY)])]
+        if env_seeds:
+            rows.append(("centred", [st.centred_checkpoint_points(env_seeds, key)
+                                     for key in (st.MI_ZSCORE, st.REASONING_ENTROPY)]))
+        for label, ((mx, my), (ex, ey)) in rows:
+            lines.append(f"| {env} | {label}, {len(mx)} | {_fmt(st.spearman(mx, my))} | {_fmt(st.spearman(ex, ey))} |")
     for env in sorted({env for env, _ in runs}):
         table = st.gradient_buckets([r for (e, _), rs in runs.items() if e == env for r in rs])
         if table:

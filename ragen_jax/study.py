@@ -4,9 +4,10 @@ Everything here reads `metrics.jsonl` records (one dict per logged step, as `tra
 them) and returns plain numbers, so the study's tables can be recomputed from the logs alone:
 
 - `summarise_run`: one run's row of the results table (final / peak success, MI-ZScore,
-  retrieval accuracy, reasoning entropy, kept ratio, step time);
+  retrieval accuracy, reasoning entropy, collapse alarms, kept ratio, step time);
 - `checkpoint_points` + `spearman`: the paper's "MI-ZScore vs success" and "reasoning entropy vs
-  success" rank correlations across runs and diagnostic checkpoints;
+  success" rank correlations across runs and diagnostic checkpoints; `centred_checkpoint_points`
+  the same with each checkpoint centred on the runs that saw the same levels;
 - `gradient_buckets`: task- and regularisation-gradient norms by reward-std bucket.
 """
 
@@ -24,6 +25,7 @@ RETRIEVAL = "mi/first_turn/retrieval_acc"
 REASONING_ENTROPY = "mi/first_turn/reasoning_entropy_est"
 KEPT = "filter/kept_ratio"
 STEP_SECONDS = "time/step_seconds"
+ALARM = "mi/collapse_alarm"
 
 
 def finite_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
@@ -57,6 +59,7 @@ def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
         "mean_retrieval_acc": _mean([v for _, v in finite_series(records, RETRIEVAL)]),
         "mean_reasoning_entropy": _mean([v for _, v in finite_series(records, REASONING_ENTROPY)]),
         "mean_kept_ratio": _mean([v for _, v in finite_series(records, KEPT)]),
+        "alarm_rate": _mean([v for _, v in finite_series(records, ALARM)]),  # share of checkpoints alarmed
         "mean_step_seconds": _mean([v for _, v in finite_series(records, STEP_SECONDS)][1:]),  # step 1 compiles
         "steps": float(records[-1]["step"]) if records else 0.0,
     }
@@ -71,6 +74,30 @@ def checkpoint_points(runs: Iterable[list[dict]], x_key: str, y_key: str = SUCCE
             if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
                 xs.append(float(x))
                 ys.append(float(y))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def centred_checkpoint_points(seeds: Iterable[list[list[dict]]], x_key: str,
+                              y_key: str = SUCCESS) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) at the diagnostic checkpoints, each minus its mean over the runs of the same seed at
+    the same step. Runs of one seed draw the same levels at each step whatever the arm, so the
+    raw points rise and fall together with the batch's levels; centring leaves only what
+    differs between arms on the same levels. `seeds`: per seed, its runs (one per arm).
+    Checkpoints only one run of the seed reached are left out (nothing to compare with)."""
+    xs, ys = [], []
+    for runs in seeds:
+        at_step: dict[int, list[tuple[float, float]]] = {}
+        for records in runs:
+            for r in records:
+                x, y = r.get(x_key), r.get(y_key)
+                if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+                    at_step.setdefault(int(r["step"]), []).append((float(x), float(y)))
+        for points in at_step.values():
+            if len(points) < 2:
+                continue
+            mx, my = np.mean(points, axis=0)
+            xs += [x - mx for x, _ in points]
+            ys += [y - my for _, y in points]
     return np.asarray(xs), np.asarray(ys)
 
 

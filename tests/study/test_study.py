@@ -49,11 +49,12 @@ def test_spearman_edge_cases():
 
 RECORDS = [
     {"step": 1, "rollout/success": 0.1, "time/step_seconds": 30.0, "filter/kept_ratio": 0.5,
-     "mi/first_turn/mi_zscore": 2.0, "mi/first_turn/retrieval_acc": 0.5, "mi/first_turn/reasoning_entropy_est": 9.0,
+     "mi/collapse_alarm": 0.0, "mi/first_turn/mi_zscore": 2.0, "mi/first_turn/retrieval_acc": 0.5, "mi/first_turn/reasoning_entropy_est": 9.0,
      "grad/bucket0/task_norm": 0.0, "grad/bucket0/reg_norm": 2.0, "grad/bucket0/groups": 3.0,
      "grad/bucket1/task_norm": 4.0, "grad/bucket1/reg_norm": 1.0, "grad/bucket1/groups": 5.0},
     {"step": 2, "rollout/success": 0.2, "time/step_seconds": 10.0, "filter/kept_ratio": 0.25},
     {"step": 3, "rollout/success": 0.3, "time/step_seconds": 12.0, "filter/kept_ratio": 0.75, "val/success": 0.4,
+     "mi/collapse_alarm": 1.0,
      "mi/first_turn/mi_zscore": 1.0, "mi/first_turn/retrieval_acc": 0.25, "mi/first_turn/reasoning_entropy_est": 7.0,
      "grad/bucket0/task_norm": 1.0, "grad/bucket0/reg_norm": 2.0, "grad/bucket0/groups": 1.0,
      "grad/bucket1/task_norm": float("nan"), "grad/bucket1/reg_norm": float("nan"), "grad/bucket1/groups": 0.0},
@@ -67,11 +68,25 @@ def test_summarise_run_by_hand():
     assert s["final_mi_zscore"] == pytest.approx(1.5) and s["mean_mi_zscore"] == pytest.approx(1.5)
     assert s["mean_retrieval_acc"] == pytest.approx(0.375) and s["mean_reasoning_entropy"] == pytest.approx(8.0)
     assert s["mean_kept_ratio"] == pytest.approx(0.5)
+    assert s["alarm_rate"] == pytest.approx(0.5)  # alarmed at one of the two diagnostic checkpoints
     assert s["mean_step_seconds"] == pytest.approx(11.0)  # step 1 (the compile) left out
     assert s["steps"] == 4
     # without validation, success is the rollout's
     no_val = [{k: v for k, v in r.items() if k != "val/success"} for r in RECORDS]
     assert study.summarise_run(no_val, last=2)["final_success"] == pytest.approx(0.15)
+
+
+def test_centred_points_subtract_the_same_seed_and_step_mean_by_hand():
+    arm_a = [{"step": 1, "mi/first_turn/mi_zscore": 2.0, "rollout/success": 0.1},
+             {"step": 2, "mi/first_turn/mi_zscore": 8.0, "rollout/success": 0.5},
+             {"step": 3, "mi/first_turn/mi_zscore": 1.0, "rollout/success": 0.2}]  # step 3: only arm a
+    arm_b = [{"step": 1, "mi/first_turn/mi_zscore": 4.0, "rollout/success": 0.3},
+             {"step": 2, "mi/first_turn/mi_zscore": 6.0, "rollout/success": float("nan")}]
+    other_seed = [[{"step": 1, "mi/first_turn/mi_zscore": 10.0, "rollout/success": 0.9}],
+                  [{"step": 1, "mi/first_turn/mi_zscore": 20.0, "rollout/success": 0.5}]]
+    x, y = study.centred_checkpoint_points([[arm_a, arm_b], other_seed], study.MI_ZSCORE)
+    assert x.tolist() == pytest.approx([-1.0, 1.0, -5.0, 5.0])
+    assert y.tolist() == pytest.approx([-0.1, 0.1, 0.2, -0.2])
 
 
 def test_checkpoint_points_and_gradient_buckets_by_hand():
@@ -102,10 +117,13 @@ def test_reproduce_study_smoke(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "sokoban" / "top_p-grpo" / "seed0" / "metrics.jsonl").open()]
     assert [r["step"] for r in records] == [1, 2]
+    start = json.loads((tmp_path / "sokoban" / "start_validation.json").read_text())
+    assert 0.0 <= start["success"] <= 1.0
     out = subprocess.run([sys.executable, script, "report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| sokoban | top_p-grpo | 1 |" in out.stdout
+    assert "| sokoban (initial policy of every arm) |" in out.stdout
     assert "Spearman(MI-ZScore, success)" in out.stdout and "| 1 |" in out.stdout  # a gradient bucket row
     assert (tmp_path / "fig" / "study_sokoban.png").stat().st_size > 0
 

@@ -249,7 +249,9 @@ def results_tables(runs, out: Path, seeds=None) -> str:
 
 
 def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Path:
-    """Success and MI-ZScore over steps, one line per arm (mean over seeds at each step)."""
+    """Validation success, training success and MI-ZScore over steps, one line per arm (mean
+    over seeds at each step). Runs of one seed draw the same levels at each step, so the
+    training success of all arms rises and falls together; validation is on fixed levels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,9 +260,11 @@ def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Pa
 
     from ragen_jax import study as st
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = ((st.VAL_SUCCESS, "validation success (fixed levels)"),
+              (st.SUCCESS, "training success (5-step mean)"), (st.MI_ZSCORE, "MI-ZScore (first turn)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.6))
     for arm, runs in sorted(arms.items()):
-        for ax, key in zip(axes, (st.SUCCESS, st.MI_ZSCORE)):
+        for ax, (key, _) in zip(axes, panels):
             by_step: dict[int, list[float]] = {}
             for records in runs:
                 for step, v in st.finite_series(records, key):
@@ -270,9 +274,9 @@ def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Pa
             if key == st.SUCCESS and len(values) >= 5:  # a 5-step moving average: single steps are noisy
                 values = np.convolve(values, np.ones(5) / 5, mode="valid")
                 steps = steps[4:]
-            ax.plot(steps, values, label=arm)
-    axes[0].set(title=f"{env}: training success (5-step mean)", xlabel="step")
-    axes[1].set(title=f"{env}: MI-ZScore (first turn)", xlabel="step")
+            ax.plot(steps, values, label=arm, marker="o" if key != st.SUCCESS else None, markersize=3)
+    for ax, (_, title) in zip(axes, panels):
+        ax.set(title=f"{env}: {title}", xlabel="step")
     axes[0].legend(fontsize=8)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"study_{env}.png"

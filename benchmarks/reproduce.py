@@ -54,6 +54,14 @@ def finished(workdir: Path, steps: int) -> bool:
     return bool(lines) and json.loads(lines[-1])["step"] >= steps
 
 
+def record_start(start_file: Path, config) -> None:
+    """Write the initial policy's validation to `start_file` unless an earlier call did."""
+    if not start_file.exists():
+        start = initial_validation(config)
+        start_file.parent.mkdir(parents=True, exist_ok=True)
+        start_file.write_text(json.dumps(start, indent=2))
+
+
 def initial_validation(config) -> dict[str, float]:
     """Validation success of the initial policy (the warm start) on the run's validation levels."""
     from flax import nnx
@@ -100,22 +108,15 @@ def learn(args) -> None:
         overrides = {**validation_overrides(args), **({"train.steps": str(args.steps)} if args.steps else {}),
                      **dict(args.set)}
         config = run_config(args.env, seed, overrides)
-        start_file = workdir / "start_validation.json"
-        if not start_file.exists():
-            start = initial_validation(config)
-            workdir.mkdir(parents=True, exist_ok=True)
-            start_file.write_text(json.dumps(start, indent=2))
+        record_start(workdir / "start_validation.json", config)
         train_one(config, workdir, config.train.steps)
 
 
 def study(args) -> None:
     """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on;
     first the initial policy's validation (the same levels and samples for every arm and seed)."""
-    start_file = args.out / args.env / "start_validation.json"
-    if not start_file.exists():
-        start = initial_validation(run_config(args.env, 0, {**validation_overrides(args), **dict(args.set)}))
-        start_file.parent.mkdir(parents=True, exist_ok=True)
-        start_file.write_text(json.dumps(start, indent=2))
+    record_start(args.out / args.env / "start_validation.json",
+                 run_config(args.env, 0, {**validation_overrides(args), **dict(args.set)}))
     for seed in args.seeds:
         for filter_name in args.filters:
             for algo in args.algos:

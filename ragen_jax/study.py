@@ -65,16 +65,18 @@ def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
     }
 
 
+def _finite_pairs(records: Iterable[dict], x_key: str, y_key: str) -> Iterable[tuple[int, float, float]]:
+    """(step, x, y) for every record where both keys are logged and finite."""
+    for r in records:
+        x, y = r.get(x_key), r.get(y_key)
+        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+            yield int(r["step"]), float(x), float(y)
+
+
 def checkpoint_points(runs: Iterable[list[dict]], x_key: str, y_key: str = SUCCESS) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) at every step of every run where both are logged: the diagnostic checkpoints."""
-    xs, ys = [], []
-    for records in runs:
-        for r in records:
-            x, y = r.get(x_key), r.get(y_key)
-            if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
-                xs.append(float(x))
-                ys.append(float(y))
-    return np.asarray(xs), np.asarray(ys)
+    pairs = [(x, y) for records in runs for _, x, y in _finite_pairs(records, x_key, y_key)]
+    return np.asarray([x for x, _ in pairs]), np.asarray([y for _, y in pairs])
 
 
 def centred_checkpoint_points(seeds: Iterable[list[list[dict]]], x_key: str,
@@ -88,10 +90,8 @@ def centred_checkpoint_points(seeds: Iterable[list[list[dict]]], x_key: str,
     for runs in seeds:
         at_step: dict[int, list[tuple[float, float]]] = {}
         for records in runs:
-            for r in records:
-                x, y = r.get(x_key), r.get(y_key)
-                if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
-                    at_step.setdefault(int(r["step"]), []).append((float(x), float(y)))
+            for step, x, y in _finite_pairs(records, x_key, y_key):
+                at_step.setdefault(step, []).append((x, y))
         for points in at_step.values():
             if len(points) < 2:
                 continue

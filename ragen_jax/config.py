@@ -74,7 +74,8 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     c.diagnostics = ml_collections.ConfigDict(dict(
         enabled=True, compute_freq=5, num_samples=64, per_turn=True, per_turn_samples=16, action_grounding=True,
-        answer_tokens=32, alarm_drop=0.5, alarm_entropy_tolerance=0.1, prefill_rows=8, stop_on_alarm=False,
+        answer_tokens=32, alarm_drop=0.5, alarm_entropy_tolerance=0.1, alarm_below=0.0, prefill_rows=8,
+        stop_on_alarm=False,
     ))
     c.grad_buckets = 0  # reward-std buckets of the gradient analysis (0: off; the paper uses 6)
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices

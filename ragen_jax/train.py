@@ -34,6 +34,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import distributed
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
+from ragen_jax.diagnostics.collapse import collapse_warning
 
 EXIT_USAGE, EXIT_PREEMPTED = 2, 143
 # Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
@@ -255,9 +256,9 @@ def train(config, workdir: Path, devices=None) -> int:
                 log.write(step, metrics)
             if math.isfinite(metrics.get("mi/first_turn/mi_zscore_ema", math.nan)):
                 last_mi = metrics["mi/first_turn/mi_zscore_ema"]
-            if lead and metrics.get("mi/collapse_alarm", 0) >= 1:
-                print(f"warning: step {step}: MI-ZScore-EMA fell {config.diagnostics.alarm_drop:.0%} below its peak "
-                      "while the reasoning entropy stayed flat — possible template collapse", file=sys.stderr)
+            warning = collapse_warning(metrics)
+            if lead and warning:
+                print(f"warning: step {step}: {warning}", file=sys.stderr)
             if bar is not None:
                 bar.set_postfix(progress_line(metrics, last_mi), refresh=False)
                 bar.update(1)

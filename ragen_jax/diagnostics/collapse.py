@@ -7,6 +7,13 @@ entropy has not fallen by more than `entropy_tolerance` (relative) from its valu
 
     alarm = peak > 0  and  mi <= (1 - drop_fraction) * peak
             and  entropy >= (1 - entropy_tolerance) * entropy_at_peak
+            and  mi < below
+
+`below` is an optional absolute level (default inf: the relative rule alone;
+`diagnostics.alarm_below`, where 0 means no level). A long healthy
+run can lose half of an early, very high peak and still read the input well (docs/results.md
+§9: 20.9 → EMA 9.1 with retrieval 0.88, against ≈ 1 and retrieval 0.5 in a real collapse);
+`below` keeps such runs quiet.
 
 A falling entropy alongside falling MI is ordinary convergence (the policy got sure of
 itself), not an alarm. The peak and the entropy at it are updated *before* the test (a new
@@ -41,6 +48,7 @@ def update(
     drop_fraction,
     entropy_tolerance,
     observed=True,
+    below=jnp.inf,
 ) -> tuple[CollapseState, jax.Array]:
     """Fold one diagnostic step in; returns (state, alarm: bool scalar). Pure jnp, jittable."""
     mi = jnp.asarray(mi_zscore_ema, jnp.float32)
@@ -54,7 +62,7 @@ def update(
     entropy_at_peak = jnp.where(new_peak, entropy, state.entropy_at_peak)
     dropped = (peak > 0) & (mi <= (1.0 - drop) * peak)
     flat = entropy >= (1.0 - tolerance) * entropy_at_peak
-    alarm = observed & dropped & flat
+    alarm = observed & dropped & flat & (mi < jnp.asarray(below, jnp.float32))
 
     keep = lambda new, old: jnp.where(observed, new, old)
     state = CollapseState(

@@ -56,6 +56,7 @@ class DiagnosticsConfig:
     answer_tokens: int = 32  # answers are scored on at most this many tokens
     alarm_drop: float = 0.5  # alarm when MI-ZScore-EMA fell this fraction below its peak ...
     alarm_entropy_tolerance: float = 0.1  # ... while the entropy fell by at most this (relative)
+    alarm_below: float = 0.0  # ... and only while MI-ZScore-EMA is below this level (0: no such level)
     prefill_rows: int = 8  # buffers per forward of the prefill (memory: rows × length²)
 
     def __post_init__(self):
@@ -72,6 +73,9 @@ class DiagnosticsConfig:
         tol = self.alarm_entropy_tolerance
         if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol >= 0.0):
             raise ValueError(f"diagnostics.alarm_entropy_tolerance={tol!r} must be a finite number >= 0")
+        below = self.alarm_below
+        if isinstance(below, bool) or not isinstance(below, (int, float)) or not math.isfinite(below) or below < 0:
+            raise ValueError(f"diagnostics.alarm_below={below!r} must be a finite number >= 0 (0: no absolute level)")
 
 
 @struct.dataclass
@@ -234,7 +238,8 @@ def diagnose(
 
     collapse_state, alarm = collapse.update(
         state.collapse, first_metrics["mi_zscore_ema"], first_metrics["reasoning_token_entropy"],
-        config.alarm_drop, config.alarm_entropy_tolerance, observed=first.valid.any())
+        config.alarm_drop, config.alarm_entropy_tolerance, observed=first.valid.any(),
+        below=config.alarm_below or math.inf)
     metrics["mi/collapse_alarm"] = alarm
     metrics["mi/collapse_peak"] = collapse_state.peak
 

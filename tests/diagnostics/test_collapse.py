@@ -11,9 +11,10 @@ from ragen_jax.diagnostics.collapse import CollapseState, collapse_warning, upda
 f32 = np.float32
 
 
-def reference(steps, drop, tolerance):
+def reference(steps, drop, tolerance, below=np.inf):
     """SPEC §6 read literally: alarm when MI-ZScore-EMA is at least `drop` of its running peak
-    below that peak while the entropy is within `tolerance` (relative) of its value at the peak."""
+    below that peak while the entropy is within `tolerance` (relative) of its value at the peak
+    (and, when an absolute level `below` is given, MI-ZScore-EMA is under it)."""
     peak = entropy_at_peak = None
     alarms = []
     for mi, entropy, observed in steps:
@@ -25,15 +26,15 @@ def reference(steps, drop, tolerance):
             peak, entropy_at_peak = mi, entropy
         fell = peak > 0 and mi <= (f32(1) - f32(drop)) * peak
         flat = entropy >= (f32(1) - f32(tolerance)) * entropy_at_peak
-        alarms.append(bool(fell and flat))
+        alarms.append(bool(fell and flat and mi < f32(below)))
     return alarms
 
 
 @jax.jit
-def run(mi, entropy, observed, drop, tolerance):
+def run(mi, entropy, observed, drop, tolerance, below=np.inf):
     def step(state, x):
         mi_t, entropy_t, observed_t = x
-        return update(state, mi_t, entropy_t, drop, tolerance, observed=observed_t)
+        return update(state, mi_t, entropy_t, drop, tolerance, observed=observed_t, below=below)
 
     return jax.lax.scan(step, CollapseState.create(), (mi, entropy, observed))
 
@@ -43,13 +44,14 @@ steps = st.lists(st.tuples(values, st.floats(0, 5, width=32), st.booleans()), mi
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32), tolerance=st.floats(0.0, 1.0, width=32))
-def test_alarm_matches_python_loop(steps, drop, tolerance):
+@given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32), tolerance=st.floats(0.0, 1.0, width=32),
+       below=st.one_of(st.just(np.inf), st.floats(-1, 6, width=32)))
+def test_alarm_matches_python_loop(steps, drop, tolerance, below):
     pad = 12 - len(steps)  # one compiled shape: unobserved padding at the end changes nothing
     mi, entropy, observed = (np.array([s[k] for s in steps] + [0] * pad) for k in range(3))
     _, alarms = run(jnp.asarray(mi, jnp.float32), jnp.asarray(entropy, jnp.float32),
-                    jnp.asarray(observed, bool), f32(drop), f32(tolerance))
-    assert np.asarray(alarms)[: len(steps)].tolist() == reference(steps, drop, tolerance)
+                    jnp.asarray(observed, bool), f32(drop), f32(tolerance), f32(below))
+    assert np.asarray(alarms)[: len(steps)].tolist() == reference(steps, drop, tolerance, below)
     assert not np.asarray(alarms)[len(steps):].any()
 
 
@@ -68,6 +70,11 @@ def test_known_cases():
     # never above zero: no alarm
     _, alarms = run(-mi, flat, jnp.ones(5, bool), drop, tol)
     assert not np.asarray(alarms).any()
+    # an absolute level of 1.5: the fall to 1.5 is not below it; a level of 2 lets it alarm
+    _, alarms = run(mi, flat, jnp.ones(5, bool), drop, tol, 1.5)
+    assert not np.asarray(alarms).any()
+    _, alarms = run(mi, flat, jnp.ones(5, bool), drop, tol, 2.0)
+    assert np.asarray(alarms).tolist() == [False, False, False, True, True]
 
 
 def test_warning_text():

@@ -195,7 +195,8 @@ def test_switches_drop_their_metrics(traj, template_model):
                                           ("answer_tokens", 0), ("prefill_rows", 0), ("per_turn", 1),
                                           ("action_grounding", "yes"), ("alarm_drop", 0.0), ("alarm_drop", 1.5),
                                           ("alarm_entropy_tolerance", -0.1),
-                                          ("alarm_entropy_tolerance", float("nan"))])
+                                          ("alarm_entropy_tolerance", float("nan")), ("alarm_below", -1.0),
+                                          ("alarm_below", float("inf")), ("alarm_below", True)])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=rf"diagnostics\.{field}="):
         DiagnosticsConfig(**{field: value})

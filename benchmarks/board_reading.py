@@ -8,6 +8,12 @@ warm-start reasoning template was followed ("Player (r, c), ... I move A then B.
 (1) the stated player coordinates against the `P`/`S` cell of the board shown that turn, and
 (2) that the answer repeats the moves the reasoning names. Success is bounded by both: a
 policy that cannot locate itself cannot plan, whatever RL does with its rewards.
+
+On Sokoban (deterministic moves) it also grades the first turn's plan on every level the BFS
+solver can finish within the move budget: do the moves the reasoning names, and separately the
+moves the answer gives, leave the level solvable in the moves that remain, and is the first of
+them the solver's first move? The environment acts on the answer only, so this says whether
+the reasoning's plan is better than the action actually taken.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PLAYER = re.compile(r"Player \((\d+), (\d+)\)")
 MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
+TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
 
 
 def turns_of(text: str):
@@ -43,14 +50,71 @@ def reading_scores(text: str) -> dict[str, float]:
         if said:
             stated += 1
             coords_right += bool(player) and (int(said.group(1)), int(said.group(2))) == player[0]
-        moves = MOVES.search(output)
+        moves = named_and_answered(output)
         if moves:
             with_moves += 1
-            named = [m.strip() for m in moves.group(1).split(" then ")]
-            answered = [a.strip() for a in moves.group(2).split("||")]
-            consistent += named == answered
+            consistent += moves[0] == moves[1]
     return {"turns": turns, "player_stated": stated / max(turns, 1),
             "player_right": coords_right / max(stated, 1), "answer_repeats_reasoning": consistent / max(with_moves, 1)}
+
+
+def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
+    """(moves the reasoning names, moves the answer gives) of one turn's output, if templated."""
+    moves = MOVES.search(output)
+    if not moves:
+        return None
+    return [m.strip() for m in moves.group(1).split(" then ")], [a.strip() for a in moves.group(2).split("||")]
+
+
+def first_turn_plans(text: str, states, env, env_params, budget: int) -> dict[str, float]:
+    """Grade each trajectory's first-turn moves against the BFS solver from its start state.
+
+    `states[row]` is trajectory `row`'s start state (a host pytree indexed by row); a row whose
+    rendered first board differs from `env.render_text(states[row])` is counted in
+    `board_mismatches` and skipped. Levels the solver cannot finish within `budget` moves are
+    skipped too. "keeps" = after the moves, the level is solved or the solver finishes it in
+    the moves left."""
+    import jax
+
+    from ragen_jax.envs.demo import solver_plan
+
+    step = jax.jit(env.step, static_argnums=3)
+    names = list(env.action_names)
+
+    def keeps(state, moves: list[str]) -> bool:
+        for name in moves:
+            state, _, done, _ = step(jax.random.key(0), state, names.index(name) + 1, env_params)
+            if bool(done):
+                return bool(state.success)
+        plan = solver_plan(state)
+        return plan is not None and len(plan) <= budget - len(moves)
+
+    counts = dict(levels=0, board_mismatches=0, reasoning_keeps=0, answer_keeps=0,
+                  reasoning_first_optimal=0, answer_first_optimal=0)
+    matches = list(TRAJECTORY.finditer(text))
+    for i, match in enumerate(matches):
+        block = text[match.start(): matches[i + 1].start() if i + 1 < len(matches) else len(text)]
+        first = next(turns_of(block), None)
+        moves = first and named_and_answered(first[1])
+        if not moves or not all(m in names for m in moves[0] + moves[1]):
+            continue
+        start = jax.tree.map(lambda a: a[int(match.group(1))], states)
+        shown = [row.split() for row in env.render_text(start, env_params).strip().split("\n")]
+        if shown != first[0]:
+            counts["board_mismatches"] += 1
+            continue
+        plan = solver_plan(start)
+        if plan is None or not plan or len(plan) > budget:
+            continue
+        named, answered = moves
+        best = names[plan[0] - 1]
+        counts["levels"] += 1
+        counts["reasoning_keeps"] += keeps(start, named[:budget])
+        counts["answer_keeps"] += keeps(start, answered[:budget])
+        counts["reasoning_first_optimal"] += named[0] == best
+        counts["answer_first_optimal"] += answered[0] == best
+    levels = max(counts["levels"], 1)
+    return {k: (v / levels if k not in ("levels", "board_mismatches") else v) for k, v in counts.items()}
 
 
 def main(argv=None) -> int:
@@ -91,6 +155,21 @@ def main(argv=None) -> int:
     print(f"  turns stating the player's cell       {scores['player_stated']:.3f}")
     print(f"  ... with the right cell               {scores['player_right']:.3f}")
     print(f"  answers repeating the reasoning's moves {scores['answer_repeats_reasoning']:.3f}")
+    if hasattr(exp.env, "state_from_rooms"):  # Sokoban: moves are deterministic, plans can be graded
+        import jax
+
+        from ragen_jax.rollout import initial_states
+
+        rollout_config = eval_config.rollout_config(exp.run.step.rollout)
+        starts = jax.device_get(initial_states(jax.random.split(eval_config.key())[0], exp.env, exp.env_params,
+                                               rollout_config))  # the rollout's own start states
+        plans = first_turn_plans(text, starts, exp.env, exp.env_params, rollout_config.max_actions_per_traj)
+        print(f"  first turns on the {plans['levels']} levels solvable in {rollout_config.max_actions_per_traj} moves "
+              f"(board mismatches: {plans['board_mismatches']}):")
+        print(f"    level still solvable after the reasoning's moves {plans['reasoning_keeps']:.3f}, "
+              f"after the answer's {plans['answer_keeps']:.3f}")
+        print(f"    first move = the solver's: reasoning {plans['reasoning_first_optimal']:.3f}, "
+              f"answer {plans['answer_first_optimal']:.3f}")
     return 0
 
 

@@ -39,13 +39,18 @@ def run(mi, entropy, observed, drop, tolerance, below=np.inf):
     return jax.lax.scan(step, CollapseState.create(), (mi, entropy, observed))
 
 
-values = st.floats(-3, 6, allow_nan=False, width=32)
-steps = st.lists(st.tuples(values, st.floats(0, 5, width=32), st.booleans()), min_size=1, max_size=12)
+# XLA on CPU flushes float32 subnormals to zero (a 3e-44 peak is 0 there, > 0 in NumPy), so
+# MI and entropy values are kept at three decimals: zero or far from the subnormal range,
+# and so are their products with (1 - drop) and (1 - tolerance)
+values = st.floats(-3, 6, allow_nan=False).map(lambda x: round(x, 3))
+steps = st.lists(st.tuples(values, st.floats(0, 5).map(lambda x: round(x, 3)), st.booleans()),
+                 min_size=1, max_size=12)
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32), tolerance=st.floats(0.0, 1.0, width=32),
-       below=st.one_of(st.just(np.inf), st.floats(-1, 6, width=32)))
+@given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32),
+       tolerance=st.floats(0.0, 1.0, width=32),
+       below=st.one_of(st.just(np.inf), st.floats(-1, 6).map(lambda x: round(x, 3))))
 def test_alarm_matches_python_loop(steps, drop, tolerance, below):
     pad = 12 - len(steps)  # one compiled shape: unobserved padding at the end changes nothing
     mi, entropy, observed = (np.array([s[k] for s in steps] + [0] * pad) for k in range(3))

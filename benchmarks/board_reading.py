@@ -66,14 +66,15 @@ def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
     return [m.strip() for m in moves.group(1).split(" then ")], [a.strip() for a in moves.group(2).split("||")]
 
 
-def first_turn_plans(text: str, states, env, env_params, budget: int) -> dict[str, float]:
+def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int, per_turn: int) -> dict[str, float]:
     """Grade each trajectory's first-turn moves against the BFS solver from its start state.
 
     `states[row]` is trajectory `row`'s start state (a host pytree indexed by row); a row whose
     rendered first board differs from `env.render_text(states[row])` is counted in
     `board_mismatches` and skipped. Levels the solver cannot finish within `budget` moves are
     skipped too. "keeps" = after the moves, the level is solved or the solver finishes it in
-    the moves left."""
+    the moves left: the budget's rest, and at most `per_turn` in each of the `turns - 1` turns
+    left."""
     import jax
 
     from ragen_jax.envs.demo import solver_plan
@@ -87,7 +88,7 @@ def first_turn_plans(text: str, states, env, env_params, budget: int) -> dict[st
             if bool(done):
                 return bool(state.success)
         plan = solver_plan(state)
-        return plan is not None and len(plan) <= budget - len(moves)
+        return plan is not None and len(plan) <= min(budget - len(moves), (turns - 1) * per_turn)
 
     counts = dict(levels=0, board_mismatches=0, reasoning_keeps=0, answer_keeps=0,
                   reasoning_first_optimal=0, answer_first_optimal=0)
@@ -104,13 +105,13 @@ def first_turn_plans(text: str, states, env, env_params, budget: int) -> dict[st
             counts["board_mismatches"] += 1
             continue
         plan = solver_plan(start)
-        if plan is None or not plan or len(plan) > budget:
+        if plan is None or not plan or len(plan) > min(budget, turns * per_turn):
             continue
         named, answered = moves
         best = names[plan[0] - 1]
         counts["levels"] += 1
-        counts["reasoning_keeps"] += keeps(start, named[:budget])
-        counts["answer_keeps"] += keeps(start, answered[:budget])
+        counts["reasoning_keeps"] += keeps(start, named[:per_turn])
+        counts["answer_keeps"] += keeps(start, answered[:per_turn])
         counts["reasoning_first_optimal"] += named[0] == best
         counts["answer_first_optimal"] += answered[0] == best
     levels = max(counts["levels"], 1)
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
         rollout_config = eval_config.rollout_config(exp.run.step.rollout)
         starts = jax.device_get(initial_states(jax.random.split(eval_config.key())[0], exp.env, exp.env_params,
                                                rollout_config))  # the rollout's own start states
-        plans = first_turn_plans(text, starts, exp.env, exp.env_params, rollout_config.max_actions_per_traj)
+        plans = first_turn_plans(text, starts, exp.env, exp.env_params, rollout_config.max_actions_per_traj,
+                                 rollout_config.max_turns, rollout_config.max_actions_per_turn)
         print(f"  first turns on the {plans['levels']} levels solvable in {rollout_config.max_actions_per_traj} moves "
               f"(board mismatches: {plans['board_mismatches']}):")
         print(f"    level still solvable after the reasoning's moves {plans['reasoning_keeps']:.3f}, "

@@ -73,8 +73,16 @@ def test_first_turn_plans_grade_reasoning_and_answer_against_the_solver():
         trajectory(2, "Player (1, 3). I move Down. </think> <answer> Down </answer>",
                    shown=board.replace("P", "_", 1)),  # not the level this row started from
     ])
-    plans = board_reading.first_turn_plans(text, states, env, params, budget=2)
+    plans = board_reading.first_turn_plans(text, states, env, params, budget=2, turns=2, per_turn=2)
     assert plans["levels"] == 2 and plans["board_mismatches"] == 1
     assert plans["reasoning_keeps"] == 1.0  # Down; Up (a wall) then Down
     assert plans["answer_keeps"] == 0.5  # Right || Down loses, Left (a wall) || Down solves
     assert plans["reasoning_first_optimal"] == 0.5 and plans["answer_first_optimal"] == 0.0
+    # Up alone (a wall) leaves a move of the budget, but no turn to make it in when there is
+    # only one: the turn limit counts, not just the budget
+    one_turn = "header" + trajectory(0, "Player (1, 3), box (2, 3), target (3, 3). I move Up. </think> "
+                                        "<answer> Up </answer>")
+    plans = board_reading.first_turn_plans(one_turn, states, env, params, budget=2, turns=1, per_turn=2)
+    assert plans["levels"] == 1 and plans["reasoning_keeps"] == 0.0 and plans["answer_keeps"] == 0.0
+    plans = board_reading.first_turn_plans(one_turn, states, env, params, budget=2, turns=2, per_turn=2)
+    assert plans["reasoning_keeps"] == 1.0 and plans["answer_keeps"] == 1.0

@@ -31,13 +31,18 @@ MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
 TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
 
 
+def cells(board: str) -> list[list[str]]:
+    """A rendered grid as rows of cell symbols."""
+    return [row.split() for row in board.strip().split("\n")]
+
+
 def turns_of(text: str):
     """(board rows, model output) of every turn in `render_trajectories` text."""
     for block in text.split("---- Turn ")[1:]:
         board = re.search(r"State:\n(.*?)\nYou have", block, re.S)
         output = re.search(r"\[model output\][^\n]*\n(.*?)\n\[", block, re.S)
         if board and output:
-            yield [row.split() for row in board.group(1).strip().split("\n")], output.group(1)
+            yield cells(board.group(1)), output.group(1)
 
 
 def reading_scores(text: str) -> dict[str, float]:
@@ -100,8 +105,7 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
         if not moves or not all(m in names for m in moves[0] + moves[1]):
             continue
         start = jax.tree.map(lambda a: a[int(match.group(1))], states)
-        shown = [row.split() for row in env.render_text(start, env_params).strip().split("\n")]
-        if shown != first[0]:
+        if cells(env.render_text(start, env_params)) != first[0]:
             counts["board_mismatches"] += 1
             continue
         plan = solver_plan(start)
@@ -157,13 +161,8 @@ def main(argv=None) -> int:
     print(f"  ... with the right cell               {scores['player_right']:.3f}")
     print(f"  answers repeating the reasoning's moves {scores['answer_repeats_reasoning']:.3f}")
     if hasattr(exp.env, "state_from_rooms"):  # Sokoban: moves are deterministic, plans can be graded
-        import jax
-
-        from ragen_jax.rollout import initial_states
-
         rollout_config = eval_config.rollout_config(exp.run.step.rollout)
-        starts = jax.device_get(initial_states(jax.random.split(eval_config.key())[0], exp.env, exp.env_params,
-                                               rollout_config))  # the rollout's own start states
+        starts = eval_config.start_states(exp.env, exp.env_params, exp.run.step.rollout)
         plans = first_turn_plans(text, starts, exp.env, exp.env_params, rollout_config.max_actions_per_traj,
                                  rollout_config.max_turns, rollout_config.max_actions_per_turn)
         print(f"  first turns on the {plans['levels']} levels solvable in {rollout_config.max_actions_per_traj} moves "

@@ -139,14 +139,12 @@ def ceiling(args) -> None:
     from ragen_jax import ceilings
     from ragen_jax.evaluation import EvalConfig
     from ragen_jax.experiment import make_experiment
-    from ragen_jax.rollout import initial_states
 
     config = run_config(args.env, 0, dict(args.set))
     exp = make_experiment(config)
     eval_config = EvalConfig(num_envs=args.eval_episodes, seed=config.eval.seed)
     rollout_config = eval_config.rollout_config(exp.run.step.rollout)
-    states = jax.device_get(initial_states(jax.random.split(eval_config.key())[0], exp.env, exp.env_params,
-                                           rollout_config))
+    states = eval_config.start_states(exp.env, exp.env_params, exp.run.step.rollout)
     turns, per_turn, budget = (rollout_config.max_turns, rollout_config.max_actions_per_turn,
                                rollout_config.max_actions_per_traj)
     level = lambda i: jax.tree.map(lambda a: np.asarray(a)[i], states)  # noqa: E731

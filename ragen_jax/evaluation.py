@@ -33,7 +33,7 @@ from flax import nnx
 from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.rollout import Policy, RolloutConfig, Trajectories, model_policy, rollout
+from ragen_jax.rollout import Policy, RolloutConfig, Trajectories, initial_states, model_policy, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.train_step import rollout_metrics
@@ -76,6 +76,12 @@ class EvalConfig:
     def key(self) -> jax.Array:
         """The validation rollout's key: `rollout` resets the levels with `split(key)[0]`."""
         return jax.random.key(int(self.seed))
+
+    def start_states(self, env: Environment, env_params: Any, train_rollout: RolloutConfig):
+        """The validation rollout's start state of every row, on the host (for host-side
+        analyses of the validation levels: solvers, ceilings, plan grading)."""
+        config = self.rollout_config(train_rollout)
+        return jax.device_get(initial_states(jax.random.split(self.key())[0], env, env_params, config))
 
 
 def validation_metrics(traj: Trajectories, samples_per_env: int) -> dict[str, jax.Array]:

@@ -142,6 +142,19 @@ def test_fixed_seeds_give_identical_results_on_the_seeds_levels(setup, levels, v
     assert any(not np.array_equal(a.room_state, b.room_state) for a, b in zip(states, other_seed))
 
 
+def test_start_states_are_the_seeds_levels(setup, levels):
+    """`EvalConfig.start_states` (host analyses of the validation levels) against the levels
+    rebuilt here from the seed alone, row by row."""
+    env, params, *_ = setup
+    starts = EVAL.start_states(env, params, TRAIN)
+    expected = levels(EVAL)
+    assert np.asarray(starts.room_state).shape[0] == len(expected)
+    for b, state in enumerate(expected):
+        np.testing.assert_array_equal(np.asarray(starts.room_state)[b], state.room_state)
+        np.testing.assert_array_equal(np.asarray(starts.room_fixed)[b], state.room_fixed)
+        np.testing.assert_array_equal(np.asarray(starts.player)[b], state.player)
+
+
 def test_render_shows_every_turns_observation_and_generation(setup, validated):
     env, _, tok, _, prompt = setup
     (_, traj), _, _ = validated

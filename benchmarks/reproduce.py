@@ -26,6 +26,8 @@ import math
 import sys
 from pathlib import Path
 
+from ragen_jax import study as st  # numpy only; the jax-heavy imports stay inside the commands
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py"}
 # The study's arms: the filter (SPEC §4: Top-p on reward variance, Top-k keeping the same
@@ -36,6 +38,9 @@ FILTERS = {
     "none": {"filter.strategy": "none"},
 }
 ALGOS = ("ppo", "grpo")
+# The study figure's panels (metric, title), left to right.
+FIGURE_PANELS = ((st.VAL_SUCCESS, "validation success (fixed levels)"),
+                 (st.SUCCESS, "training success (5-step mean)"), (st.MI_ZSCORE, "MI-ZScore (first turn)"))
 
 
 def run_config(env: str, seed: int, overrides: dict[str, str]):
@@ -191,13 +196,13 @@ def report(args) -> None:
     print(results_tables(runs, args.out, seeds))
     if args.figures:
         for env in sorted({env for env, _ in runs}):
-            path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures)
+            start_file = args.out / env / "start_validation.json"  # a study's initial policy, shared by its arms
+            start = json.loads(start_file.read_text())["success"] if start_file.exists() else None
+            path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures, start)
             print(f"\nfigure: {path}")
 
 
 def results_tables(runs, out: Path, seeds=None) -> str:
-    from ragen_jax import study as st
-
     columns = ["start_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
                "mean_reasoning_entropy", "alarm_rate", "mean_kept_ratio", "mean_step_seconds"]
     lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
@@ -247,7 +252,31 @@ def results_tables(runs, out: Path, seeds=None) -> str:
     return "\n".join(lines)
 
 
-def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Path:
+def figure_lines(arms: dict[str, list[list[dict]]], start: float | None = None) -> dict[str, dict[str, tuple]]:
+    """{metric: {arm: (steps, values)}} for the study figure: the mean over seeds at each step;
+    training success as a 5-step moving average (single steps are noisy); validation success
+    from the initial policy's `start` at step 0 when it is known (every arm starts there)."""
+    import numpy as np
+
+    lines: dict[str, dict[str, tuple]] = {key: {} for key, _ in FIGURE_PANELS}
+    for arm, runs in sorted(arms.items()):
+        for key, _ in FIGURE_PANELS:
+            by_step: dict[int, list[float]] = {}
+            for records in runs:
+                for step, v in st.finite_series(records, key):
+                    by_step.setdefault(step, []).append(v)
+            steps = sorted(by_step)
+            values = [float(np.mean(by_step[s])) for s in steps]
+            if key == st.SUCCESS and len(values) >= 5:
+                values = list(np.convolve(values, np.ones(5) / 5, mode="valid"))
+                steps = steps[4:]
+            if key == st.VAL_SUCCESS and start is not None:
+                steps, values = [0, *steps], [float(start), *values]
+            lines[key][arm] = (steps, values)
+    return lines
+
+
+def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path, start: float | None = None) -> Path:
     """Validation success, training success and MI-ZScore over steps, one line per arm (mean
     over seeds at each step). Runs of one seed draw the same levels at each step, so the
     training success of all arms rises and falls together; validation is on fixed levels."""
@@ -255,27 +284,15 @@ def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path) -> Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    from ragen_jax import study as st
-
-    panels = ((st.VAL_SUCCESS, "validation success (fixed levels)"),
-              (st.SUCCESS, "training success (5-step mean)"), (st.MI_ZSCORE, "MI-ZScore (first turn)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.6))
-    for arm, runs in sorted(arms.items()):
-        for ax, (key, _) in zip(axes, panels):
-            by_step: dict[int, list[float]] = {}
-            for records in runs:
-                for step, v in st.finite_series(records, key):
-                    by_step.setdefault(step, []).append(v)
-            steps = sorted(by_step)
-            values = np.array([np.mean(by_step[s]) for s in steps])
-            if key == st.SUCCESS and len(values) >= 5:  # a 5-step moving average: single steps are noisy
-                values = np.convolve(values, np.ones(5) / 5, mode="valid")
-                steps = steps[4:]
+    lines = figure_lines(arms, start)
+    fig, axes = plt.subplots(1, len(FIGURE_PANELS), figsize=(14, 3.6))
+    for ax, (key, title) in zip(axes, FIGURE_PANELS):
+        for arm, (steps, values) in lines[key].items():
             ax.plot(steps, values, label=arm, marker="o" if key != st.SUCCESS else None, markersize=3)
-    for ax, (_, title) in zip(axes, panels):
         ax.set(title=f"{env}: {title}", xlabel="step")
+    if start is not None:
+        axes[0].axhline(start, color="grey", linestyle=":", linewidth=1, label="initial policy")
     axes[0].legend(fontsize=8)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"study_{env}.png"

@@ -99,6 +99,27 @@ def test_checkpoint_points_and_gradient_buckets_by_hand():
     assert table[1]["task_norm"] == 4.0 and table[1]["groups"] == pytest.approx(2.5)  # NaN norms skipped
 
 
+def test_figure_lines_average_seeds_and_start_validation_at_the_initial_policy():
+    """Two seeds of one arm by hand: validation is the per-step mean over seeds and begins at the
+    shared initial policy (step 0); training success is a 5-step moving average."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    def run(val, train):
+        return [{"step": s, study.SUCCESS: t, **({study.VAL_SUCCESS: val[s]} if s in val else {})}
+                for s, t in zip(range(1, len(train) + 1), train)]
+
+    arms = {"top_p-grpo": [run({3: 0.4, 6: 0.6}, [0, 0, 0, 0, 1, 1]), run({3: 0.2, 6: 0.4}, [1, 1, 1, 1, 1, 1])]}
+    lines = reproduce.figure_lines(arms, start=0.25)
+    steps, values = lines[study.VAL_SUCCESS]["top_p-grpo"]
+    assert steps == [0, 3, 6] and np.allclose(values, [0.25, 0.3, 0.5])
+    steps, values = lines[study.SUCCESS]["top_p-grpo"]  # per-step means 0.5 0.5 0.5 0.5 1 1
+    assert steps == [5, 6] and np.allclose(values, [0.6, 0.7])
+    assert lines[study.MI_ZSCORE]["top_p-grpo"] == ([], [])
+    steps, _ = reproduce.figure_lines(arms)[study.VAL_SUCCESS]["top_p-grpo"]
+    assert steps == [3, 6]  # no start point when the initial policy's validation is unknown
+
+
 TINY = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.max_turns=1", "rollout.max_new_tokens=8",
         "algo.mini_batch_size=4", "diagnostics.num_samples=4", "diagnostics.per_turn_samples=2",
         "diagnostics.compute_freq=1", "mesh.data=1"]

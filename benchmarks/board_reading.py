@@ -2,6 +2,7 @@
 
     python benchmarks/board_reading.py --env sokoban                 # the shipped warm start
     python benchmarks/board_reading.py --workdir runs/sokoban_tiny   # a run's latest checkpoint
+    python benchmarks/board_reading.py --workdir runs/sokoban_tiny --step 50   # or one step's
 
 Plays the validation levels (config `eval.*`, `--episodes` of them) and, for every turn the
 warm-start reasoning template was followed ("Player (r, c), ... I move A then B."), checks
@@ -127,10 +128,13 @@ def main(argv=None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--env", choices=("sokoban", "frozenlake"), help="the shipped warm start of configs/<env>_tiny.py")
     source.add_argument("--workdir", type=Path, help="a training run: its latest checkpoint")
+    parser.add_argument("--step", type=int, default=None, help="with --workdir: this checkpoint step instead")
     parser.add_argument("--episodes", type=int, default=128)
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes={args.episodes} must be >= 1")
+    if args.step is not None and not args.workdir:
+        parser.error("--step needs --workdir (the shipped warm start has no steps)")
 
     from ragen_jax.checkpoint import CheckpointError
     from ragen_jax.config import ConfigError
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
 
     try:
         if args.workdir:
-            exp, step = restore_run(args.workdir)
+            exp, step = restore_run(args.workdir, args.step)
             what = f"{args.workdir} step {step}"
         else:
             import reproduce

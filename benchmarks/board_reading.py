@@ -7,7 +7,8 @@
 Plays the validation levels (config `eval.*`, `--episodes` of them) and, for every turn the
 warm-start reasoning template was followed ("Player (r, c), ... I move A then B."), checks
 (1) the stated player coordinates against the `P`/`S` cell of the board shown that turn, and
-(2) that the answer repeats the moves the reasoning names. Success is bounded by both: a
+(2) that the answer repeats the moves the reasoning names (`ragen_jax.reasoning_check`; training
+logs the same shares at every validation as `val/reasoning/*`). Success is bounded by both: a
 policy that cannot locate itself cannot plan, whatever RL does with its rewards.
 
 On Sokoban (deterministic moves) it also grades the first turn's plan on every level the BFS
@@ -27,49 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-PLAYER = re.compile(r"Player \((\d+), (\d+)\)")
-MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
+from ragen_jax.reasoning_check import cells, named_and_answered, reading_scores, turns_of  # noqa: E402
+
 TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
-
-
-def cells(board: str) -> list[list[str]]:
-    """A rendered grid as rows of cell symbols."""
-    return [row.split() for row in board.strip().split("\n")]
-
-
-def turns_of(text: str):
-    """(board rows, model output) of every turn in `render_trajectories` text."""
-    for block in text.split("---- Turn ")[1:]:
-        board = re.search(r"State:\n(.*?)\nYou have", block, re.S)
-        output = re.search(r"\[model output\][^\n]*\n(.*?)\n\[", block, re.S)
-        if board and output:
-            yield cells(board.group(1)), output.group(1)
-
-
-def reading_scores(text: str) -> dict[str, float]:
-    """Share of turns whose stated player cell is right / whose answer repeats the reasoning."""
-    turns = coords_right = stated = consistent = with_moves = 0
-    for rows, output in turns_of(text):
-        turns += 1
-        player = [(i, j) for i, row in enumerate(rows) for j, cell in enumerate(row) if cell in ("P", "S")]
-        said = PLAYER.search(output)
-        if said:
-            stated += 1
-            coords_right += bool(player) and (int(said.group(1)), int(said.group(2))) == player[0]
-        moves = named_and_answered(output)
-        if moves:
-            with_moves += 1
-            consistent += moves[0] == moves[1]
-    return {"turns": turns, "player_stated": stated / max(turns, 1),
-            "player_right": coords_right / max(stated, 1), "answer_repeats_reasoning": consistent / max(with_moves, 1)}
-
-
-def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
-    """(moves the reasoning names, moves the answer gives) of one turn's output, if templated."""
-    moves = MOVES.search(output)
-    if not moves:
-        return None
-    return [m.strip() for m in moves.group(1).split(" then ")], [a.strip() for a in moves.group(2).split("||")]
 
 
 def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int, per_turn: int) -> dict[str, float]:

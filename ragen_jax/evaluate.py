@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from ragen_jax import distributed
+from ragen_jax import distributed, reasoning_check
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 
@@ -45,9 +45,10 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
         exp.model, traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(), group_size=k)
     metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
                     or k_ == "mi/reasoning_length_mean"})
+    traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
+    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer, exp.prompt))  # templated reasoning only
     result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
-    traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
     if not distributed.is_lead():
         return result
     out = workdir / f"eval_{step}.json"
@@ -67,6 +68,9 @@ def table(result: dict) -> str:
             ("retrieval acc / chance", f"{m.get('mi/first_turn/retrieval_acc', float('nan')):.3f} / "
                                        f"{m.get('mi/first_turn/retrieval_chance', float('nan')):.3f}"),
             ("reasoning length (tokens)", m.get("mi/reasoning_length_mean", float("nan")))]
+    if "reasoning/player_right" in m:  # the built-in tasks' reasoning template (ragen_jax.reasoning_check)
+        rows += [("reasoning: player cell right", m["reasoning/player_right"]),
+                 ("answer repeats the reasoning", m["reasoning/answer_repeats_reasoning"])]
     width = max(len(name) for name, _ in rows)
     lines = [f"step {result['step']}: {result['episodes']} episodes × {result['samples_per_env']} samples, "
              f"temperature {result['temperature']}, seed {result['seed']}"]

@@ -9,8 +9,9 @@ metrics.jsonl written after that checkpoint are dropped and recomputed). SIGTERM
 finishes the current step, writes a checkpoint and exits with code 143.
 
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
-prefixed `val/`; metrics not computed at a step are absent), TensorBoard event files in DIR,
-and orbax checkpoints in DIR/checkpoints.
+prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
+`ragen_jax.reasoning_check`; metrics not computed at a step are absent), TensorBoard event
+files in DIR, and orbax checkpoints in DIR/checkpoints.
 
 Several processes train on one mesh under `jax.distributed` (`ragen_jax.distributed`):
 auto-detected on TPU pod slices and SLURM, or `--coordinator HOST:PORT --num-processes N
@@ -31,7 +32,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax import distributed
+from ragen_jax import distributed, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
@@ -250,7 +251,10 @@ def train(config, workdir: Path, devices=None) -> int:
             metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["time/step_seconds"] = time.perf_counter() - started
             if validator is not None and (step % config.train.val_every == 0 or step == steps):
-                val, _ = validator(state.policy)
+                val, val_traj = validator(state.policy)
+                # the built-in tasks' reasoning template, checked against the boards ({} for free-form reasoning)
+                val_traj = distributed.to_host(val_traj)
+                val.update(reasoning_check.validation_metrics(val_traj, exp.tokenizer, exp.prompt))
                 metrics.update({f"val/{k}": float(v) for k, v in val.items()})
             if lead and (step % config.train.log_every == 0 or step == steps):
                 log.write(step, metrics)

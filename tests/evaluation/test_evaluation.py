@@ -155,6 +155,16 @@ def test_start_states_are_the_seeds_levels(setup, levels):
         np.testing.assert_array_equal(np.asarray(starts.player)[b], state.player)
 
 
+def test_reasoning_check_gives_no_metrics_to_a_policy_without_the_template(setup, validated):
+    """A random model never writes "Player (r, c)": no `reasoning/*` metrics rather than zeros
+    (the shipped warm start's are checked in tests/sft)."""
+    from ragen_jax import reasoning_check
+
+    _, _, tok, _, prompt = setup
+    (_, traj), _, _ = validated
+    assert reasoning_check.validation_metrics(jax.device_get(traj), tok, prompt) == {}
+
+
 def test_render_shows_every_turns_observation_and_generation(setup, validated):
     env, _, tok, _, prompt = setup
     (_, traj), _, _ = validated

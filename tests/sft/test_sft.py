@@ -2,8 +2,6 @@
 the fit lowers the loss, and the shipped warm starts load, play and read the board."""
 
 import re
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -12,9 +10,6 @@ import pytest
 from agent_setup import text_parts, tiny_model
 from ragen_jax import sft
 from ragen_jax.rollout import RolloutConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import board_reading  # noqa: E402
 
 CONFIG = RolloutConfig(num_groups=12, group_size=1, max_turns=3, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=48)
@@ -94,9 +89,10 @@ def test_fit_lowers_the_loss(demos):
 def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env):
     """configs/<env>_tiny.py starts from the shipped warm start, which solves levels and whose
     reasoning states the player's cell of the board it was shown (a board-blind policy gives RL
-    nothing to reinforce; benchmarks/board_reading.py)."""
+    nothing to reinforce; ragen_jax.reasoning_check)."""
     from ragen_jax.config import load_config_file
-    from ragen_jax.evaluation import EvalConfig, render_trajectories, validate
+    from ragen_jax import distributed, reasoning_check
+    from ragen_jax.evaluation import EvalConfig, validate
     from ragen_jax.experiment import make_experiment
 
     config = load_config_file(f"configs/{env}_tiny.py")
@@ -106,6 +102,5 @@ def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env):
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
                              EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
     assert metrics["valid_action_rate"] > 0.9 and metrics["success"] > 0.1, metrics
-    scores = board_reading.reading_scores(render_trajectories(traj, exp.tokenizer, rows=list(range(32)),
-                                                              prompt=exp.prompt))
-    assert scores["player_stated"] > 0.9 and scores["player_right"] > 0.5, scores  # board-blind: ~0.06
+    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt)
+    assert scores["reasoning/player_stated"] > 0.9 and scores["reasoning/player_right"] > 0.5, scores  # blind: ~0.06

@@ -1,4 +1,5 @@
-"""benchmarks/board_reading.py's scoring on hand-written trajectory text."""
+"""benchmarks/board_reading.py's solver grading of first-turn plans, on a hand-made level
+(the reasoning-template shares are ragen_jax.reasoning_check's: tests/evaluation)."""
 
 import sys
 from pathlib import Path
@@ -6,37 +7,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import board_reading  # noqa: E402
-
-TURN = """---- Turn {n} ----
-[observation]
-Turn {n}:
-State:
-# # # #
-# _ {a} #
-# {b} _ #
-# # # #
-You have 4 actions left. Always output: ...<|im_end|>
-<|im_start|>assistant
-<think>
-[model output] (20 tokens)
- {output}
-[parsed actions] action 1
-"""
-
-
-def test_scores_count_right_cells_and_consistent_answers():
-    text = "header\n" + "".join([
-        TURN.format(n=1, a="P", b="_", output="Player (1, 2), goal (2, 1). I move Left then Down. </think> "
-                                              "<answer> Left || Down </answer>"),  # right cell, consistent
-        TURN.format(n=2, a="_", b="S", output="Player (1, 2), goal (2, 1). I move Up. </think> "
-                                              "<answer> Down </answer>"),  # wrong cell (S at 2,1), inconsistent
-        TURN.format(n=3, a="P", b="_", output="garbled </think> <answer> Up </answer>"),  # no template
-    ])
-    scores = board_reading.reading_scores(text)
-    assert scores["turns"] == 3
-    assert scores["player_stated"] == 2 / 3
-    assert scores["player_right"] == 1 / 2
-    assert scores["answer_repeats_reasoning"] == 1 / 2
 
 
 def test_first_turn_plans_grade_reasoning_and_answer_against_the_solver():

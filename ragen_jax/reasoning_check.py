@@ -1,0 +1,79 @@
+"""Is the reasoning still right about the board? A check of the warm start's reasoning template.
+
+The built-in tasks' warm start (`ragen_jax.sft`) reasons in a fixed template: "Player (r, c),
+... I move A then B." The MI diagnostics say whether the reasoning depends on the board; they
+cannot say whether it is *right* about it (wrong coordinates still depend on the board,
+docs/results.md §11). For turns that follow the template this module checks, on the host and
+against the text of the board the turn was shown:
+
+- `player_stated`: share of turns that state the player's cell;
+- `player_right`: of those, share whose cell is the board's `P` (or `S`, player on target);
+- `answer_repeats_reasoning`: of the turns that name moves, share whose answer gives the same
+  moves (the environment acts on the answer only).
+
+`validation_metrics` runs it on a validation's trajectories; a policy that reasons freely (a
+real checkpoint) gets no metrics, not zeros. benchmarks/board_reading.py adds a solver-graded
+look at the first turn's plan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+PLAYER = re.compile(r"Player \((\d+), (\d+)\)")
+MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
+_BOARD = re.compile(r"State:\n(.*?)\nYou have", re.S)
+_OUTPUT = re.compile(r"\[model output\][^\n]*\n(.*?)\n\[", re.S)
+
+
+def cells(board: str) -> list[list[str]]:
+    """A rendered grid as rows of cell symbols."""
+    return [row.split() for row in board.strip().split("\n")]
+
+
+def turns_of(text: str) -> Iterator[tuple[list[list[str]], str]]:
+    """(board cells, model output) of every turn in `evaluation.render_trajectories` text."""
+    for block in text.split("---- Turn ")[1:]:
+        board, output = _BOARD.search(block), _OUTPUT.search(block)
+        if board and output:
+            yield cells(board.group(1)), output.group(1)
+
+
+def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
+    """(moves the reasoning names, moves the answer gives) of one turn's output, if templated."""
+    moves = MOVES.search(output)
+    if not moves:
+        return None
+    return [m.strip() for m in moves.group(1).split(" then ")], [a.strip() for a in moves.group(2).split("||")]
+
+
+def reading_scores(text: str) -> dict[str, float]:
+    """`turns` played, and the three shares above, over every turn in the rendered text."""
+    turns = coords_right = stated = consistent = with_moves = 0
+    for rows, output in turns_of(text):
+        turns += 1
+        player = [(i, j) for i, row in enumerate(rows) for j, cell in enumerate(row) if cell in ("P", "S")]
+        said = PLAYER.search(output)
+        if said:
+            stated += 1
+            coords_right += bool(player) and (int(said.group(1)), int(said.group(2))) == player[0]
+        moves = named_and_answered(output)
+        if moves:
+            with_moves += 1
+            consistent += moves[0] == moves[1]
+    return {"turns": turns, "player_stated": stated / max(turns, 1),
+            "player_right": coords_right / max(stated, 1), "answer_repeats_reasoning": consistent / max(with_moves, 1)}
+
+
+def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
+    """`reasoning/player_stated`, `reasoning/player_right` and `reasoning/answer_repeats_reasoning`
+    over every turn of host-side `traj` (e.g. `distributed.to_host` of a validation's), or {}
+    when no turn states the player's cell (the template is not in use)."""
+    from ragen_jax.evaluation import render_trajectories
+
+    rows = list(range(traj.tokens.shape[0]))
+    scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows, prompt=prompt))
+    if scores["player_stated"] == 0:
+        return {}
+    return {f"reasoning/{k}": float(scores[k]) for k in ("player_stated", "player_right", "answer_repeats_reasoning")}

@@ -1,0 +1,35 @@
+"""The reasoning-template check against hand-written rendered turns, and on real validations:
+the shipped warm start follows the template (tests/sft), a random model gets no metrics."""
+
+from ragen_jax import reasoning_check
+
+TURN = """---- Turn {n} ----
+[observation]
+Turn {n}:
+State:
+# # # #
+# _ {a} #
+# {b} _ #
+# # # #
+You have 4 actions left. Always output: ...<|im_end|>
+<|im_start|>assistant
+<think>
+[model output] (20 tokens)
+ {output}
+[parsed actions] action 1
+"""
+
+
+def test_scores_count_right_cells_and_consistent_answers():
+    text = "header\n" + "".join([
+        TURN.format(n=1, a="P", b="_", output="Player (1, 2), goal (2, 1). I move Left then Down. </think> "
+                                              "<answer> Left || Down </answer>"),  # right cell, consistent
+        TURN.format(n=2, a="_", b="S", output="Player (1, 2), goal (2, 1). I move Up. </think> "
+                                              "<answer> Down </answer>"),  # wrong cell (S at 2,1), inconsistent
+        TURN.format(n=3, a="P", b="_", output="garbled </think> <answer> Up </answer>"),  # no template
+    ])
+    scores = reasoning_check.reading_scores(text)
+    assert scores["turns"] == 3
+    assert scores["player_stated"] == 2 / 3
+    assert scores["player_right"] == 1 / 2
+    assert scores["answer_repeats_reasoning"] == 1 / 2

@@ -180,8 +180,9 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     `prev_logits` (or the logits of slot 0, meaningless, when it is None)."""
     mask = mask.astype(bool)
     positions = positions_from_mask(mask, _start_positions(cache, offset))
-    c = tokens.shape[1]
-    last = c - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+    # the last valid slot (0 for a row without one): a max, not an argmax of the reversed mask,
+    # which XLA spends seconds constant-folding when the mask is a constant (the system prompt)
+    last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1]), 0), axis=1)
     hidden, cache = model(tokens, positions, mask, cache, offset, query=last)
     logits = model.logits(hidden[:, 0])
     if prev_logits is not None:

@@ -68,9 +68,12 @@ def record_start(start_file: Path, config) -> None:
 
 
 def initial_validation(config) -> dict[str, float]:
-    """Validation success of the initial policy (the warm start) on the run's validation levels."""
+    """Validation metrics of the initial policy (the warm start) on the run's validation levels,
+    as training logs them (`reasoning/*` included)."""
+    import jax
     from flax import nnx
 
+    from ragen_jax import reasoning_check
     from ragen_jax.evaluation import EvalConfig, Validator
     from ragen_jax.experiment import make_experiment
 
@@ -79,7 +82,8 @@ def initial_validation(config) -> dict[str, float]:
     validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
                           EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
                                      temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
-    metrics, _ = validator(nnx.state(exp.model))
+    metrics, traj = validator(nnx.state(exp.model))
+    metrics.update(reasoning_check.validation_metrics(jax.device_get(traj), exp.tokenizer, exp.prompt))
     return metrics
 
 
@@ -217,15 +221,20 @@ def results_tables(runs, out: Path, seeds=None) -> str:
         lines.append(f"| {env} | {arm} | {len(rows)} | " + " | ".join(cells) + " |")
     starts = sorted(out.glob("**/start_validation.json"))
     if starts:
-        lines += ["", "| run | start validation success (initial policy) | end validation success |",
-                  "| --- | ---: | ---: |"]
+        lines += ["", "| run | start validation success (initial policy) | end validation success "
+                  "| reasoning's player cell right: start → end |", "| --- | ---: | ---: | --- |"]
         for path in starts:
-            start = _fmt(json.loads(path.read_text())["success"])
+            start = json.loads(path.read_text())
+            right = _fmt(start.get("reasoning/player_right", math.nan))
             if not (path.parent / "metrics.jsonl").exists():  # a study's: one initial policy for every arm
-                lines.append(f"| {path.parent.relative_to(out)} (initial policy of every arm) | {start} | — |")
+                lines.append(f"| {path.parent.relative_to(out)} (initial policy of every arm) | "
+                             f"{_fmt(start['success'])} | — | {right} |")
                 continue
-            end = [r["val/success"] for r in _records(path.parent) if "val/success" in r]
-            lines.append(f"| {path.parent.relative_to(out)} | {start} | {_fmt(end[-1] if end else math.nan)} |")
+            end = [r for r in _records(path.parent) if "val/success" in r]
+            last = end[-1] if end else {}
+            lines.append(f"| {path.parent.relative_to(out)} | {_fmt(start['success'])} | "
+                         f"{_fmt(last.get('val/success', math.nan))} | "
+                         f"{right} → {_fmt(last.get('val/reasoning/player_right', math.nan))} |")
     # raw: every run's checkpoints pooled (the paper's); centred: each checkpoint minus the mean of
     # the same seed's runs at that step, which drew the same levels (ragen_jax.study)
     lines += ["", "| env | points | Spearman(MI-ZScore, success) | Spearman(reasoning entropy, success) |",

@@ -38,6 +38,10 @@ FILTERS = {
     "none": {"filter.strategy": "none"},
 }
 ALGOS = ("ppo", "grpo")
+# The study's base: the tiny defaults when it ran (docs/results.md §10), so that its command
+# still reproduces it after the defaults moved to 32 × 4 without the entropy bonus (§12); Top-k's
+# rho was matched to Top-p's kept fraction with these groups. `--set` overrides them.
+STUDY_BASE = {"rollout.num_groups": "16", "rollout.group_size": "8", "algo.entropy_coef": "0.001"}
 # The study figure's panels (metric, title), left to right.
 FIGURE_PANELS = ((st.VAL_SUCCESS, "validation success (fixed levels)"),
                  (st.SUCCESS, "training success (5-step mean)"), (st.MI_ZSCORE, "MI-ZScore (first turn)"))
@@ -125,12 +129,12 @@ def study(args) -> None:
     """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on;
     first the initial policy's validation (the same levels and samples for every arm and seed)."""
     record_start(args.out / args.env / "start_validation.json",
-                 run_config(args.env, 0, {**validation_overrides(args), **dict(args.set)}))
+                 run_config(args.env, 0, {**STUDY_BASE, **validation_overrides(args), **dict(args.set)}))
     for seed in args.seeds:
         for filter_name in args.filters:
             for algo in args.algos:
                 workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
-                overrides = {**FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
+                overrides = {**STUDY_BASE, **FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
                              **validation_overrides(args), "grad_buckets": str(args.grad_buckets),
                              "early_stop.val_patience": "0", "early_stop.empty_batches": "0",
                              "early_stop.reward_std_collapse": "0",

@@ -74,10 +74,9 @@ def record_start(start_file: Path, config) -> None:
 def initial_validation(config) -> dict[str, float]:
     """Validation metrics of the initial policy (the warm start) on the run's validation levels,
     as training logs them (`reasoning/*` included)."""
-    import jax
     from flax import nnx
 
-    from ragen_jax import reasoning_check
+    from ragen_jax import distributed, reasoning_check
     from ragen_jax.evaluation import EvalConfig, Validator
     from ragen_jax.experiment import make_experiment
 
@@ -87,7 +86,7 @@ def initial_validation(config) -> dict[str, float]:
                           EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
                                      temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
-    metrics.update(reasoning_check.validation_metrics(jax.device_get(traj), exp.tokenizer, exp.prompt))
+    metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt))
     return metrics
 
 

@@ -1,6 +1,6 @@
 """Supervised warm start: teach the built-in model the task format and a competent policy.
 
-`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E]`
+`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--init W]`
 
 A randomly initialised model never writes a parseable answer, so RL has no signal (every group
 gets the same format penalty and SNR filtering rightly drops it). This module writes
@@ -22,8 +22,10 @@ them:
 4. Loss: token-mean negative log-likelihood of the generated tokens (AdamW, cosine decay), on
    minibatches with their holes squeezed out (`batch.compact`: same numbers, shorter sequences).
 
-The result is saved as a checkpoint `train` can start from (`--config.model.init=DIR`), and
-`--export DIR` also writes a Hugging Face directory (how the shipped warm starts were made).
+The fit starts from random weights, or continues from `--init` (e.g. a shipped warm start, with
+fresh demonstrations from another `--config.seed`). The result is saved as a checkpoint `train` can
+start from (`--config.model.init=DIR`), and `--export DIR` also writes a Hugging Face directory
+(how the shipped warm starts were made).
 """
 
 from __future__ import annotations
@@ -231,15 +233,19 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=SFTConfig.epochs)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
+    parser.add_argument("--init", default="", help="continue from these weights (a workdir, a Hugging Face "
+                        "directory or builtin:<name>) instead of random ones")
     parser.add_argument("--export", default="", help="also write a Hugging Face directory here")
     extra, rest = parser.parse_known_args(argv)
     args, overrides = parse_args(rest, "Supervised warm start from solver demonstrations.")
     workdir = Path(args.workdir)
     try:
-        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise)
         config = load_config(args.config, overrides)
+        # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
+        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise,
+                        seed=config.seed)
         with config.unlocked():
-            config.model.init = ""
+            config.model.init = extra.init  # the configs' own warm start is not where a fit begins
         exp = make_experiment(config)
         if exp.env.answer_kind != "actions":
             raise ConfigError(f"env.name={config.env.name!r}: solver demonstrations exist for the board games only "

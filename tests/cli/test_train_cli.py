@@ -153,6 +153,15 @@ def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
     assert not (tmp_path / "w").exists()  # nothing written
 
 
+def test_sft_bad_init_gives_one_line_and_writes_nothing(capsys, tmp_path):
+    from ragen_jax import sft
+
+    code = sft.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), "--init", str(tmp_path / "none")])
+    line = one_error_line(capsys, code)
+    assert f"model.init='{tmp_path / 'none'}'" in line, line
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_workdir_with_another_config_is_refused(full_run, capsys):
     before = (full_run / "metrics.jsonl").read_text()
     code = train.main(["--config", CONFIG, "--workdir", str(full_run), *SMALL, "--config.algo.actor_lr=0.5"])

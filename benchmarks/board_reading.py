@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     print(f"  success                               {metrics['success']:.3f}")
     print(f"  turns stating the player's cell       {scores['player_stated']:.3f}")
     print(f"  ... with the right cell               {scores['player_right']:.3f}")
+    print(f"  ... naming the most named cell        {scores['player_top_share']:.3f}")
     print(f"  answers repeating the reasoning's moves {scores['answer_repeats_reasoning']:.3f}")
     if hasattr(exp.env, "state_from_rooms"):  # Sokoban: moves are deterministic, plans can be graded
         rollout_config = eval_config.rollout_config(exp.run.step.rollout)

@@ -70,6 +70,7 @@ def table(result: dict) -> str:
             ("reasoning length (tokens)", m.get("mi/reasoning_length_mean", float("nan")))]
     if "reasoning/player_right" in m:  # the built-in tasks' reasoning template (ragen_jax.reasoning_check)
         rows += [("reasoning: player cell right", m["reasoning/player_right"]),
+                 ("reasoning: most named player cell's share", m["reasoning/player_top_share"]),
                  ("answer repeats the reasoning", m["reasoning/answer_repeats_reasoning"])]
     width = max(len(name) for name, _ in rows)
     lines = [f"step {result['step']}: {result['episodes']} episodes × {result['samples_per_env']} samples, "

@@ -8,6 +8,9 @@ against the text of the board the turn was shown:
 
 - `player_stated`: share of turns that state the player's cell;
 - `player_right`: of those, share whose cell is the board's `P` (or `S`, player on target);
+- `player_top_share`: of those, share naming the most often named cell — near the boards' own
+  spread while the reasoning reads the board, near 1 when it has become a fixed string whatever
+  the board (the paper's template collapse, seen in the coordinates: docs/results.md §13);
 - `answer_repeats_reasoning`: of the turns that name moves, share whose answer gives the same
   moves (the environment acts on the answer only).
 
@@ -18,6 +21,7 @@ look at the first turn's plan.
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Iterator
 
@@ -51,24 +55,29 @@ def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
 def reading_scores(text: str) -> dict[str, float]:
     """`turns` played, and the three shares above, over every turn in the rendered text."""
     turns = coords_right = stated = consistent = with_moves = 0
+    named = collections.Counter()
     for rows, output in turns_of(text):
         turns += 1
         player = [(i, j) for i, row in enumerate(rows) for j, cell in enumerate(row) if cell in ("P", "S")]
         said = PLAYER.search(output)
         if said:
             stated += 1
-            coords_right += bool(player) and (int(said.group(1)), int(said.group(2))) == player[0]
+            cell = (int(said.group(1)), int(said.group(2)))
+            named[cell] += 1
+            coords_right += bool(player) and cell == player[0]
         moves = named_and_answered(output)
         if moves:
             with_moves += 1
             consistent += moves[0] == moves[1]
     return {"turns": turns, "player_stated": stated / max(turns, 1),
-            "player_right": coords_right / max(stated, 1), "answer_repeats_reasoning": consistent / max(with_moves, 1)}
+            "player_right": coords_right / max(stated, 1),
+            "player_top_share": max(named.values(), default=0) / max(stated, 1),
+            "answer_repeats_reasoning": consistent / max(with_moves, 1)}
 
 
 def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
-    """`reasoning/player_stated`, `reasoning/player_right` and `reasoning/answer_repeats_reasoning`
-    over every turn of host-side `traj` (e.g. `distributed.to_host` of a validation's), or {}
+    """`reasoning/player_stated`, `reasoning/player_right`, `reasoning/player_top_share` and
+    `reasoning/answer_repeats_reasoning` over every turn of host-side `traj` (e.g. `distributed.to_host` of a validation's), or {}
     when no turn states the player's cell (the template is not in use)."""
     from ragen_jax.evaluation import render_trajectories
 
@@ -76,4 +85,5 @@ def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
     scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows, prompt=prompt))
     if scores["player_stated"] == 0:
         return {}
-    return {f"reasoning/{k}": float(scores[k]) for k in ("player_stated", "player_right", "answer_repeats_reasoning")}
+    return {f"reasoning/{k}": float(scores[k]) for k in ("player_stated", "player_right", "player_top_share",
+                                                                "answer_repeats_reasoning")}

@@ -33,3 +33,17 @@ def test_scores_count_right_cells_and_consistent_answers():
     assert scores["player_stated"] == 2 / 3
     assert scores["player_right"] == 1 / 2
     assert scores["answer_repeats_reasoning"] == 1 / 2
+    assert scores["player_top_share"] == 1.0  # both stating turns name (1, 2)
+
+
+def test_top_share_tells_a_fixed_string_from_a_reading():
+    def turn(n, a, b, said):
+        return TURN.format(n=n, a=a, b=b, output=f"Player {said}, goal (1, 1). I move Up. </think> <answer> Up </answer>")
+
+    reading = "".join([turn(1, "P", "_", "(1, 2)"), turn(2, "_", "P", "(2, 1)"), turn(3, "P", "_", "(1, 2)"),
+                       turn(4, "_", "P", "(2, 1)")])
+    fixed = "".join([turn(1, "P", "_", "(2, 2)"), turn(2, "_", "P", "(2, 2)"), turn(3, "P", "_", "(2, 2)"),
+                     turn(4, "_", "P", "(2, 1)")])
+    read, stuck = reasoning_check.reading_scores(reading), reasoning_check.reading_scores(fixed)
+    assert (read["player_right"], read["player_top_share"]) == (1.0, 0.5)
+    assert (stuck["player_right"], stuck["player_top_share"]) == (0.25, 0.75)

@@ -2,8 +2,8 @@
 up to 2 moves. The lake slips less than gymnasium's (the intended move with probability 0.8
 instead of 1/3): at 1/3 the best possible policy solves only 0.33 of the validation levels in 3
 turns (0.48 in 5, at twice the step time), which leaves RL almost no room above the warm start;
-at 0.8 the best possible policy solves 0.81 and the warm start 0.53
-(`python benchmarks/reproduce.py ceiling --env frozenlake`, docs/results.md §8). Rewards stay
+at 0.8 the best possible policy solves 0.81 and the warm start 0.57
+(`python benchmarks/reproduce.py ceiling --env frozenlake`, docs/results.md §8, §13). Rewards stay
 stochastic, where reward-variance filtering matters most; `--config.env.success_rate=0.333`
 gives gymnasium's slip."""
 

@@ -53,7 +53,7 @@ def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
 
 
 def reading_scores(text: str) -> dict[str, float]:
-    """`turns` played, and the three shares above, over every turn in the rendered text."""
+    """`turns` played, and the four shares above, over every turn in the rendered text."""
     turns = coords_right = stated = consistent = with_moves = 0
     named = collections.Counter()
     for rows, output in turns_of(text):
@@ -77,8 +77,9 @@ def reading_scores(text: str) -> dict[str, float]:
 
 def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
     """`reasoning/player_stated`, `reasoning/player_right`, `reasoning/player_top_share` and
-    `reasoning/answer_repeats_reasoning` over every turn of host-side `traj` (e.g. `distributed.to_host` of a validation's), or {}
-    when no turn states the player's cell (the template is not in use)."""
+    `reasoning/answer_repeats_reasoning` over every turn of host-side `traj` (e.g.
+    `distributed.to_host` of a validation's), or {} when no turn states the player's cell (the
+    template is not in use)."""
     from ragen_jax.evaluation import render_trajectories
 
     rows = list(range(traj.tokens.shape[0]))

@@ -86,5 +86,4 @@ def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
     scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows, prompt=prompt))
     if scores["player_stated"] == 0:
         return {}
-    return {f"reasoning/{k}": float(scores[k]) for k in ("player_stated", "player_right", "player_top_share",
-                                                                "answer_repeats_reasoning")}
+    return {f"reasoning/{k}": float(share) for k, share in scores.items() if k != "turns"}

@@ -76,10 +76,9 @@ def reading_scores(text: str) -> dict[str, float]:
 
 
 def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
-    """`reasoning/player_stated`, `reasoning/player_right`, `reasoning/player_top_share` and
-    `reasoning/answer_repeats_reasoning` over every turn of host-side `traj` (e.g.
-    `distributed.to_host` of a validation's), or {} when no turn states the player's cell (the
-    template is not in use)."""
+    """Every share of `reading_scores`, as `reasoning/<name>`, over every turn of host-side `traj`
+    (e.g. `distributed.to_host` of a validation's), or {} when no turn states the player's cell
+    (the template is not in use)."""
     from ragen_jax.evaluation import render_trajectories
 
     rows = list(range(traj.tokens.shape[0]))

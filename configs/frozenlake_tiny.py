@@ -5,7 +5,8 @@ turns (0.48 in 5, at twice the step time), which leaves RL almost no room above 
 at 0.8 the best possible policy solves 0.81 and the warm start 0.57
 (`python benchmarks/reproduce.py ceiling --env frozenlake`, docs/results.md §8, §13). Rewards stay
 stochastic, where reward-variance filtering matters most; `--config.env.success_rate=0.333`
-gives gymnasium's slip."""
+gives gymnasium's slip; `--config.rollout.shared_env_noise=true` gives a group's members the same
+slips, as RAGEN's seeded envs do (no gain here, docs/results.md §15)."""
 
 from ragen_jax.config import tiny_cpu_config
 

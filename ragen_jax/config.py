@@ -62,6 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict(dict(
         num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
         max_new_tokens=120, format_penalty=-0.1, temperature=1.0, top_p=1.0, top_k=0,
+        shared_env_noise=False,  # a group's members meet the same env noise (slips), see RolloutConfig
     ))
     c.filter = ml_collections.ConfigDict(dict(
         metric="reward_variance", strategy="top_p", rho=0.9, prob_mode="linear", include_zero=True,
@@ -294,7 +295,8 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     rollout = _wrap("rollout", lambda: RolloutConfig(
         num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
         max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=r.max_actions_per_traj,
-        max_new_tokens=r.max_new_tokens, format_penalty=r.format_penalty, sampling=params))
+        max_new_tokens=r.max_new_tokens, format_penalty=r.format_penalty, sampling=params,
+        shared_env_noise=r.shared_env_noise))
     filt = _wrap("filter", lambda: FilterConfig(**config.filter.to_dict()))
     a = config.algo.to_dict()
     name = a.pop("name")

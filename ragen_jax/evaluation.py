@@ -69,9 +69,11 @@ class EvalConfig:
     def rollout_config(self, train_rollout: RolloutConfig) -> RolloutConfig:
         """The validation rollout: `num_envs` groups of `samples_per_env`, this config's
         sampling, and the training rollout's turns, action budgets, tokens per turn and format
-        penalty (so validation measures the task the policy is trained on)."""
+        penalty (so validation measures the task the policy is trained on). Env noise is drawn
+        independently per sample (`shared_env_noise` off): the samples of a level are independent
+        attempts, as pass@k assumes."""
         return dataclasses.replace(train_rollout, num_groups=int(self.num_envs), group_size=int(self.samples_per_env),
-                                   sampling=self.sampling)
+                                   sampling=self.sampling, shared_env_noise=False)
 
     def key(self) -> jax.Array:
         """The validation rollout's key: `rollout` resets the levels with `split(key)[0]`."""

@@ -50,6 +50,10 @@ class RolloutConfig:
     max_new_tokens: int = 120
     format_penalty: float = -0.1
     sampling: sampling.SamplingParams = sampling.SamplingParams(temperature=1.0)
+    # The env noise (FrozenLake's slip) of a member's n-th move: drawn from its group's key and
+    # n, so every member of a group meets the same slips (gymnasium's reset(seed) semantics,
+    # which RAGEN gets by resetting a group's envs with one seed), or independently per row.
+    shared_env_noise: bool = False
 
     def __post_init__(self):
         for name in ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_traj",
@@ -180,6 +184,9 @@ def rollout(
     batch, turns, gen_len = config.batch, config.max_turns, config.max_new_tokens
     k_reset, k_turns = jax.random.split(key)
     states = shard_rows(initial_states(k_reset, env, env_params, config))
+    # with shared_env_noise, move n of a row draws from fold_in(its group's noise key, n)
+    noise_keys = jnp.repeat(jax.random.split(jax.random.fold_in(k_reset, 1), config.num_groups),
+                            config.group_size, axis=0)
     state_tokens = jax.vmap(env.state_tokens, in_axes=(0, None, None))
     render = jax.vmap(turn_ids, in_axes=(None, 0, None, 0, 0, 0, 0))
     text_answers = env.answer_kind == "text"
@@ -228,13 +235,18 @@ def rollout(
         total: jax.Array  # f32[B]
         last_slot: jax.Array  # int32[B] the last generated token's slot (-1: none yet)
 
+    def step_keys(k_env, k, taken):
+        """The env keys of every row's next move: the k-th of this turn, the taken-th of its episode."""
+        if config.shared_env_noise:
+            return jax.vmap(jax.random.fold_in)(noise_keys, taken)
+        return jax.random.split(jax.random.fold_in(k_env, k), batch)
+
     def action_steps(carry: Carry, k_env, actions, num_parsed, format_ok):
         active = ~carry.finished
         states, reward, taken = carry.states, jnp.zeros(batch, jnp.float32), carry.actions_taken
         for k in range(config.max_actions_per_turn):
             go = active & format_ok & (k < num_parsed) & ~states.done & (taken < config.max_actions_per_traj)
-            stepped, r, _, _ = step(jax.random.split(jax.random.fold_in(k_env, k), batch), states, actions[:, k],
-                                    env_params)
+            stepped, r, _, _ = step(step_keys(k_env, k, taken), states, actions[:, k], env_params)
             states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)
             reward = reward + jnp.where(go, r, 0.0)
             taken = taken + go
@@ -243,8 +255,8 @@ def rollout(
     def text_step(carry: Carry, k_env, answer, answer_len, matched):
         active = ~carry.finished
         states, taken = carry.states, carry.actions_taken
-        stepped, r, _, info = step_text(jax.random.split(jax.random.fold_in(k_env, 0), batch), states, answer,
-                                        answer_len, env_params, codec.env_tables)
+        stepped, r, _, info = step_text(step_keys(k_env, 0, taken), states, answer, answer_len, env_params,
+                                        codec.env_tables)
         format_ok = matched & info["action_is_valid"]
         go = active & format_ok & ~states.done & (taken < config.max_actions_per_traj)
         states = jax.tree.map(lambda new, old: jnp.where(_rows(go, new), new, old), stepped, states)

@@ -1,5 +1,7 @@
 """Validation rollouts: metrics against NumPy, fixed seeds, pass@k, readable trajectories."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -98,6 +100,8 @@ def test_eval_rollout_config_takes_budgets_from_training():
         TRAIN.max_turns, TRAIN.max_actions_per_turn, TRAIN.max_actions_per_traj, TRAIN.max_new_tokens)
     assert config.format_penalty == TRAIN.format_penalty
     assert config.sampling == sampling.SamplingParams(temperature=0.5, top_p=1.0, top_k=0)
+    # a level's samples are independent attempts even when training shares a group's env noise
+    assert not EVAL.rollout_config(dataclasses.replace(TRAIN, shared_env_noise=True)).shared_env_noise
     defaults = EvalConfig()
     assert (defaults.num_envs, defaults.samples_per_env, defaults.temperature) == (32, 1, 0.5)
 

@@ -1,5 +1,7 @@
 """The jitted multi-turn rollout: scripted solver and garbage policies, and log-prob replay."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,15 +183,45 @@ def test_host_replay_of_random_scripted_answers(setup):
     replay(setup, traj, key)
 
 
-def test_host_replay_on_frozenlake():
-    env, params = registry.make("FrozenLake", success_rate=1.0)  # deterministic, so the host can replay it
+def frozenlake_setup(success_rate):
+    env, params = registry.make("FrozenLake", success_rate=success_rate)
     tok = hf.load_tokenizer()
-    setup = (env, params, tok, TextCodec.build(tok, env, CONFIG.max_actions_per_turn),
-             PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn))
-    rng = np.random.default_rng(1)
-    texts = [[f" ok </think> <answer> {' || '.join(rng.choice(env.action_names, size=2))} </answer>"
-              for _ in range(CONFIG.max_turns)] for _ in range(CONFIG.batch)]
+    return (env, params, tok, TextCodec.build(tok, env, CONFIG.max_actions_per_turn),
+            PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn))
+
+
+def random_move_texts(env, rows, seed):
+    """rows × max_turns answers of two random moves each."""
+    rng = np.random.default_rng(seed)
+    return [[f" ok </think> <answer> {' || '.join(rng.choice(env.action_names, size=2))} </answer>"
+             for _ in range(CONFIG.max_turns)] for _ in range(rows)]
+
+
+def test_host_replay_on_frozenlake():
+    setup = frozenlake_setup(1.0)  # deterministic, so the host can replay it
+    env, tok = setup[0], setup[2]
+    texts = random_move_texts(env, CONFIG.batch, 1)
     key = jax.random.key(7)
     traj = run(setup, scripted(tok, texts), key)
     assert np.asarray(traj.turn_valid)[np.asarray(traj.turn_active)].all()
     replay(setup, traj, key)
+
+
+def test_shared_env_noise_gives_a_group_the_same_slips():
+    """Members of a group writing the same moves on a slippery lake: with `shared_env_noise` their
+    trajectories (observations, rewards) are identical, since move n of every member draws the
+    same slip; with independent noise some group's members end apart."""
+    env, params, tok, codec, prompt = frozenlake_setup(0.5)
+    group_texts = random_move_texts(env, CONFIG.num_groups, 3)
+    texts = [group_texts[b // CONFIG.group_size] for b in range(CONFIG.batch)]
+    tokens, lengths = scripted(tok, texts)
+    apart = {}
+    for shared in (True, False):
+        config = dataclasses.replace(CONFIG, shared_env_noise=shared)
+        traj = jax.jit(lambda k, t, n: rollout(k, ScriptedPolicy(t, n), env, params, codec, prompt, config))(
+            jax.random.key(5), tokens, lengths)
+        pairs = np.asarray(traj.tokens).reshape(CONFIG.num_groups, CONFIG.group_size, -1)
+        rewards = np.asarray(traj.turn_reward).reshape(CONFIG.num_groups, CONFIG.group_size, -1)
+        apart[shared] = [not (np.array_equal(p[0], p[1]) and np.array_equal(r[0], r[1])) for p, r in zip(pairs, rewards)]
+    assert not any(apart[True])
+    assert any(apart[False])

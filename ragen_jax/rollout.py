@@ -60,6 +60,8 @@ class RolloutConfig:
                      "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+        if not isinstance(self.shared_env_noise, bool):
+            raise ValueError(f"rollout.shared_env_noise={self.shared_env_noise!r} must be true or false")
 
     @property
     def batch(self) -> int:

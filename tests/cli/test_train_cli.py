@@ -130,6 +130,8 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.algo.nme=grpo"], "unknown config key 'algo.nme'"),
     (["--config", CONFIG, "--config.algo.name=sac"], "algo.name='sac'"),
     (["--config", CONFIG, "--config.rollout.group_size=many"], "--config.rollout.group_size='many': expected an integer"),
+    (["--config", CONFIG, "--config.rollout.shared_env_noise=sometimes"],
+     "--config.rollout.shared_env_noise='sometimes': expected true or false"),
     (["--config", CONFIG, "--config.filter.rho=-1"], "filter.rho=-1.0 must be >= 0"),
     (["--config", CONFIG, "--config.algo.name=grpo", "--config.rollout.group_size=1",
       "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),

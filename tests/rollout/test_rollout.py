@@ -225,3 +225,8 @@ def test_shared_env_noise_gives_a_group_the_same_slips():
         apart[shared] = [not (np.array_equal(p[0], p[1]) and np.array_equal(r[0], r[1])) for p, r in zip(pairs, rewards)]
     assert not any(apart[True])
     assert any(apart[False])
+
+
+def test_shared_env_noise_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"rollout.shared_env_noise='yes' must be true or false"):
+        RolloutConfig(shared_env_noise="yes")

@@ -162,10 +162,14 @@ def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config:
                        lambda tokens, lengths: ends_with_answer_close(codec, tokens, lengths))
 
 
+def member_keys(key: jax.Array, config: RolloutConfig) -> jax.Array:
+    """One key per group from `key`, repeated for each of the group's members: keys [B]."""
+    return jnp.repeat(jax.random.split(key, config.num_groups), config.group_size, axis=0)
+
+
 def initial_states(key: jax.Array, env: Environment, env_params: Any, config: RolloutConfig):
     """One fresh episode per group, repeated for the group's members (same reset key)."""
-    group_keys = jax.random.split(key, config.num_groups)
-    return env.reset_batch(jnp.repeat(group_keys, config.group_size, axis=0), env_params)
+    return env.reset_batch(member_keys(key, config), env_params)
 
 
 def rollout(
@@ -187,8 +191,7 @@ def rollout(
     k_reset, k_turns = jax.random.split(key)
     states = shard_rows(initial_states(k_reset, env, env_params, config))
     # with shared_env_noise, move n of a row draws from fold_in(its group's noise key, n)
-    noise_keys = jnp.repeat(jax.random.split(jax.random.fold_in(k_reset, 1), config.num_groups),
-                            config.group_size, axis=0)
+    noise_keys = member_keys(jax.random.fold_in(k_reset, 1), config) if config.shared_env_noise else None
     state_tokens = jax.vmap(env.state_tokens, in_axes=(0, None, None))
     render = jax.vmap(turn_ids, in_axes=(None, 0, None, 0, 0, 0, 0))
     text_answers = env.answer_kind == "text"

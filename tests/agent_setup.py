@@ -12,9 +12,10 @@ from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
 
-def text_parts(env_name: str = "SimpleSokoban", max_actions_per_turn: int = 2):
-    """(env, env params, built-in tokenizer, codec, prompt template)."""
-    env, params = registry.make(env_name)
+def text_parts(env_name: str = "SimpleSokoban", max_actions_per_turn: int = 2, **env_overrides):
+    """(env, env params, built-in tokenizer, codec, prompt template); `env_overrides` go to
+    `registry.make` (e.g. FrozenLake's success_rate)."""
+    env, params = registry.make(env_name, **env_overrides)
     tok = hf.load_tokenizer()
     return (env, params, tok, TextCodec.build(tok, env, max_actions_per_turn),
             PromptTemplate.build(tok, env, max_actions_per_turn))

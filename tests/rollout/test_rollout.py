@@ -8,14 +8,10 @@ import numpy as np
 import pytest
 from agent_setup import ScriptedPolicy, text_parts, scripted_texts
 
-from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
-from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
 from ragen_jax.rollout import RolloutConfig, initial_states, model_policy, rollout
 from ragen_jax.text.answer_re import parse_answer_text
-from ragen_jax.text.codec import TextCodec
-from ragen_jax.text.prompt import PromptTemplate
 
 CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=24)
@@ -183,13 +179,6 @@ def test_host_replay_of_random_scripted_answers(setup):
     replay(setup, traj, key)
 
 
-def frozenlake_setup(success_rate):
-    env, params = registry.make("FrozenLake", success_rate=success_rate)
-    tok = hf.load_tokenizer()
-    return (env, params, tok, TextCodec.build(tok, env, CONFIG.max_actions_per_turn),
-            PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn))
-
-
 def random_move_texts(env, rows, seed):
     """rows × max_turns answers of two random moves each."""
     rng = np.random.default_rng(seed)
@@ -198,7 +187,7 @@ def random_move_texts(env, rows, seed):
 
 
 def test_host_replay_on_frozenlake():
-    setup = frozenlake_setup(1.0)  # deterministic, so the host can replay it
+    setup = text_parts("FrozenLake", CONFIG.max_actions_per_turn, success_rate=1.0)  # deterministic: replayable
     env, tok = setup[0], setup[2]
     texts = random_move_texts(env, CONFIG.batch, 1)
     key = jax.random.key(7)
@@ -211,7 +200,7 @@ def test_shared_env_noise_gives_a_group_the_same_slips():
     """Members of a group writing the same moves on a slippery lake: with `shared_env_noise` their
     trajectories (observations, rewards) are identical, since move n of every member draws the
     same slip; with independent noise some group's members end apart."""
-    env, params, tok, codec, prompt = frozenlake_setup(0.5)
+    env, params, tok, codec, prompt = text_parts("FrozenLake", CONFIG.max_actions_per_turn, success_rate=0.5)
     group_texts = random_move_texts(env, CONFIG.num_groups, 3)
     texts = [group_texts[b // CONFIG.group_size] for b in range(CONFIG.batch)]
     tokens, lengths = scripted(tok, texts)

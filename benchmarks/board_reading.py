@@ -16,6 +16,11 @@ solver can finish within the move budget: do the moves the reasoning names, and 
 moves the answer gives, leave the level solvable in the moves that remain, and is the first of
 them the solver's first move? The environment acts on the answer only, so this says whether
 the reasoning's plan is better than the action actually taken.
+
+On FrozenLake it also replays the levels on the same lake without slips (`success_rate` 1),
+`--samples` attempts each: what is left of the failures is the policy's own walking into
+holes or wasting moves, the part of the gap to the best possible policy that RL has to remove
+by changing choices rather than by luck (docs/results.md §16).
 """
 
 from __future__ import annotations
@@ -84,6 +89,20 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
     return {k: (v / levels if k not in ("levels", "board_mismatches") else v) for k, v in counts.items()}
 
 
+def lake_outcomes(success, turn_active, samples: int) -> dict[str, float]:
+    """Tallies of `samples` attempts per level (rows level-major): success; failures that ended
+    before the last turn (on a lake without slips: a hole the policy walked into); the levels
+    never and always solved."""
+    import numpy as np
+
+    success, turn_active = np.asarray(success, bool), np.asarray(turn_active, bool)
+    per_level = success.reshape(-1, samples).mean(axis=1)
+    return dict(success=float(success.mean()),
+                failed_before_last_turn=float((~success & ~turn_active[:, -1]).mean()),
+                levels=len(per_level), never_solved=int((per_level == 0).sum()),
+                always_solved=int((per_level == 1).sum()))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -91,9 +110,10 @@ def main(argv=None) -> int:
     source.add_argument("--workdir", type=Path, help="a training run: its latest checkpoint")
     parser.add_argument("--step", type=int, default=None, help="with --workdir: this checkpoint step instead")
     parser.add_argument("--episodes", type=int, default=128)
+    parser.add_argument("--samples", type=int, default=8, help="FrozenLake: attempts per level on the lake without slips")
     args = parser.parse_args(argv)
-    if args.episodes < 1:
-        parser.error(f"--episodes={args.episodes} must be >= 1")
+    if args.episodes < 1 or args.samples < 1:
+        parser.error(f"--episodes={args.episodes} and --samples={args.samples} must be >= 1")
     if args.step is not None and not args.workdir:
         parser.error("--step needs --workdir (the shipped warm start has no steps)")
 
@@ -137,6 +157,20 @@ def main(argv=None) -> int:
               f"after the answer's {plans['answer_keeps']:.3f}")
         print(f"    first move = the solver's: reasoning {plans['reasoning_first_optimal']:.3f}, "
               f"answer {plans['answer_first_optimal']:.3f}")
+    if hasattr(exp.env_params, "success_rate"):  # FrozenLake: the same levels without slips
+        import dataclasses
+
+        import jax
+
+        still = dataclasses.replace(exp.env_params, success_rate=1.0)
+        no_slip = dataclasses.replace(eval_config, samples_per_env=args.samples)
+        _, traj = validate(exp.model, exp.env, still, exp.codec, exp.prompt, no_slip, exp.run.step.rollout, exp.mesh)
+        host = jax.device_get(traj)
+        lake = lake_outcomes(host.success, host.turn_active, args.samples)
+        print(f"  the same levels without slips, {args.samples} attempts each: success {lake['success']:.3f}, "
+              f"failed before the last turn (a hole) {lake['failed_before_last_turn']:.3f}; "
+              f"levels never solved {lake['never_solved']}, always solved {lake['always_solved']} "
+              f"of {lake['levels']}")
     return 0
 
 

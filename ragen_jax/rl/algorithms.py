@@ -42,6 +42,7 @@ class AlgoConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     lr_warmup: int = 0  # optimiser updates over which the learning rate rises linearly from 0 (0: none)
+    adam_eps: float = 1e-8  # Adam's denominator floor: parameters whose gradient RMS is below it move less than lr
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
     micro_batch_size: int = 0  # trajectories per forward/backward (0: the whole minibatch)
@@ -68,7 +69,7 @@ class AlgoConfig:
         for field in ("clip_low", "clip_high", "entropy_coef", "kl_coef", "weight_decay", "value_clip"):
             if getattr(self, field) < 0:
                 raise ValueError(f"algo.{field}={getattr(self, field)} must be >= 0")
-        for field in ("actor_lr", "critic_lr", "grad_clip"):
+        for field in ("actor_lr", "critic_lr", "grad_clip", "adam_eps"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"algo.{field}={getattr(self, field)} must be > 0")
         for field in ("gamma", "lam"):
@@ -127,7 +128,11 @@ def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:
     first updates move every parameter by about the full rate whatever its gradient (the
     second-moment estimate rests on one or two gradients), which at lr 2e-4 costs the tiny
     warm starts their success in the first ~10 RL steps (docs/results.md §9). Without a warm-up
-    the rate is a constant, so the optimiser state keeps its layout and older checkpoints resume."""
+    the rate is a constant, so the optimiser state keeps its layout and older checkpoints resume.
+
+    `adam_eps` is Adam's denominator floor (optax's 1e-8 by default): a parameter whose gradient
+    RMS is well below it moves by less than the rate, one well above it by about the rate."""
     rate = optax.linear_schedule(0.0, lr, config.lr_warmup) if config.lr_warmup else lr
     return optax.chain(optax.clip_by_global_norm(config.grad_clip),
-                       optax.adamw(rate, b1=0.9, b2=0.999, weight_decay=config.weight_decay))
+                       optax.adamw(rate, b1=0.9, b2=0.999, eps=config.adam_eps,
+                                   weight_decay=config.weight_decay))

@@ -56,3 +56,13 @@ def test_first_turn_plans_grade_reasoning_and_answer_against_the_solver():
     assert plans["levels"] == 1 and plans["reasoning_keeps"] == 0.0 and plans["answer_keeps"] == 0.0
     plans = board_reading.first_turn_plans(one_turn, states, env, params, budget=2, turns=2, per_turn=2)
     assert plans["reasoning_keeps"] == 1.0 and plans["answer_keeps"] == 1.0
+
+
+def test_lake_outcomes_tally_levels_and_early_failures():
+    """Two levels × 3 attempts: level 0 solved twice (one failure ran all 3 turns), level 1
+    never (one failure ended after turn 1, one after turn 2, one ran all turns)."""
+    success = [True, False, True, False, False, False]
+    turn_active = [[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    tally = board_reading.lake_outcomes(success, turn_active, samples=3)
+    assert tally == dict(success=2 / 6, failed_before_last_turn=2 / 6, levels=2, never_solved=1, always_solved=0)
+    assert board_reading.lake_outcomes([True] * 4, [[1, 0]] * 4, samples=2)["always_solved"] == 2

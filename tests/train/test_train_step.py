@@ -220,6 +220,7 @@ def test_presets_select_the_recipes():
     (lambda: AlgoConfig.preset("dapo", kl_coef=0.1), "algo.kl_coef"),
     (lambda: AlgoConfig.preset("grpo", mini_batch_size=8, micro_batch_size=3), "algo.micro_batch_size=3"),
     (lambda: AlgoConfig.preset("grpo", lr_warmup=-1), "algo.lr_warmup=-1"),
+    (lambda: AlgoConfig.preset("grpo", adam_eps=0.0), "algo.adam_eps=0.0"),
     (lambda: StepConfig(rollout=dataclasses.replace(ROLLOUT, group_size=1), algo=AlgoConfig.preset("grpo"),
                         filter=FilterConfig(metric="reward_mean")), "group_size"),
     (lambda: StepConfig(rollout=ROLLOUT, algo=AlgoConfig.preset("grpo", mini_batch_size=5)), "mini_batch_size=5"),
@@ -244,6 +245,17 @@ def test_lr_warmup_scales_the_first_updates_linearly():
     # without a warm-up the optimiser state keeps the layout older checkpoints were saved with
     before = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
     assert jax.tree.structure(plain.init(params)) == jax.tree.structure(before.init(params))
+
+
+def test_adam_eps_damps_only_parameters_with_gradients_below_it():
+    """Adam's first update is lr * g / (|g| + eps): about lr for every parameter with the default
+    eps, and lr * |g| / eps for a gradient far below a larger eps (a plain NumPy reference)."""
+    g = np.array([1e-1, 1e-3, 1e-7, -1e-8])
+    params = {"w": jnp.zeros(4)}
+    for eps in (1e-8, 1e-5):
+        tx = optimizer(1e-2, AlgoConfig.preset("grpo", weight_decay=0.0, grad_clip=10.0, adam_eps=eps))
+        update, _ = tx.update({"w": jnp.asarray(g, jnp.float32)}, tx.init(params), params)
+        np.testing.assert_allclose(update["w"], -1e-2 * g / (np.abs(g) + eps), rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------- diagnostics wiring

@@ -6,7 +6,9 @@ at 0.8 the best possible policy solves 0.81 and the warm start 0.57
 (`python benchmarks/reproduce.py ceiling --env frozenlake`, docs/results.md §8, §13). Rewards stay
 stochastic, where reward-variance filtering matters most; `--config.env.success_rate=0.333`
 gives gymnasium's slip; `--config.rollout.shared_env_noise=true` gives a group's members the same
-slips, as RAGEN's seeded envs do (no gain here, docs/results.md §15)."""
+slips, as RAGEN's seeded envs do (no gain here, docs/results.md §15). RL gains only a few points
+here (§13): the warm start's mistakes are mostly the same on every attempt, which leaves little
+for group-relative sharpening (§16)."""
 
 from ragen_jax.config import tiny_cpu_config
 

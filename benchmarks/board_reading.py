@@ -103,6 +103,22 @@ def lake_outcomes(success, turn_active, samples: int) -> dict[str, float]:
                 always_solved=int((per_level == 1).sum()))
 
 
+def no_slip_replay(exp, eval_config, samples: int) -> dict[str, float]:
+    """`lake_outcomes` of the experiment's policy on its validation levels, `samples` attempts
+    each, on the same lakes with slipping switched off (`success_rate` 1)."""
+    import dataclasses
+
+    import jax
+
+    from ragen_jax.evaluation import validate
+
+    still = dataclasses.replace(exp.env_params, success_rate=1.0)
+    config = dataclasses.replace(eval_config, samples_per_env=samples)
+    _, traj = validate(exp.model, exp.env, still, exp.codec, exp.prompt, config, exp.run.step.rollout, exp.mesh)
+    host = jax.device_get(traj)
+    return lake_outcomes(host.success, host.turn_active, samples)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -158,15 +174,7 @@ def main(argv=None) -> int:
         print(f"    first move = the solver's: reasoning {plans['reasoning_first_optimal']:.3f}, "
               f"answer {plans['answer_first_optimal']:.3f}")
     if hasattr(exp.env_params, "success_rate"):  # FrozenLake: the same levels without slips
-        import dataclasses
-
-        import jax
-
-        still = dataclasses.replace(exp.env_params, success_rate=1.0)
-        no_slip = dataclasses.replace(eval_config, samples_per_env=args.samples)
-        _, traj = validate(exp.model, exp.env, still, exp.codec, exp.prompt, no_slip, exp.run.step.rollout, exp.mesh)
-        host = jax.device_get(traj)
-        lake = lake_outcomes(host.success, host.turn_active, args.samples)
+        lake = no_slip_replay(exp, eval_config, args.samples)
         print(f"  the same levels without slips, {args.samples} attempts each: success {lake['success']:.3f}, "
               f"failed before the last turn (a hole) {lake['failed_before_last_turn']:.3f}; "
               f"levels never solved {lake['never_solved']}, always solved {lake['always_solved']} "

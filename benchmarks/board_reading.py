@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     print(f"  ... with the right cell               {scores['player_right']:.3f}")
     print(f"  ... naming the most named cell        {scores['player_top_share']:.3f}")
     print(f"  answers repeating the reasoning's moves {scores['answer_repeats_reasoning']:.3f}")
+    if "holes_right" in scores:  # FrozenLake's template names the moves that step into a hole
+        print(f"  turns naming the holes next to the player {scores['holes_stated']:.3f}")
+        print(f"  ... naming exactly the board's        {scores['holes_right']:.3f}")
     if hasattr(exp.env, "state_from_rooms"):  # Sokoban: moves are deterministic, plans can be graded
         rollout_config = eval_config.rollout_config(exp.run.step.rollout)
         starts = eval_config.start_states(exp.env, exp.env_params, exp.run.step.rollout)

@@ -12,7 +12,10 @@ against the text of the board the turn was shown:
   spread while the reasoning reads the board, near 1 when it has become a fixed string whatever
   the board (the paper's template collapse, seen in the coordinates: docs/results.md §13);
 - `answer_repeats_reasoning`: of the turns that name moves, share whose answer gives the same
-  moves (the environment acts on the answer only).
+  moves (the environment acts on the answer only);
+- FrozenLake only, when the reasoning names the moves that would step into a hole ("holes:
+  Left, Down" or "holes: none"): `holes_stated`, the share of turns that do, and `holes_right`,
+  of those, the share naming exactly the board's holes (`O`) next to the player.
 
 `validation_metrics` runs it on a validation's trajectories; a policy that reasons freely (a
 real checkpoint) gets no metrics, not zeros. benchmarks/board_reading.py adds a solver-graded
@@ -25,7 +28,12 @@ import collections
 import re
 from typing import Iterator
 
+import numpy as np
+
+from ragen_jax.envs.frozenlake import moves_into_holes
+
 PLAYER = re.compile(r"Player \((\d+), (\d+)\)")
+HOLES = re.compile(r"holes: ([A-Za-z, ]*?)\.")
 MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
 _BOARD = re.compile(r"State:\n(.*?)\nYou have", re.S)
 _OUTPUT = re.compile(r"\[model output\][^\n]*\n(.*?)\n\[", re.S)
@@ -53,8 +61,9 @@ def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
 
 
 def reading_scores(text: str) -> dict[str, float]:
-    """`turns` played, and the four shares above, over every turn in the rendered text."""
-    turns = coords_right = stated = consistent = with_moves = 0
+    """`turns` played, and the shares above, over every turn in the rendered text (the hole
+    shares only when some turn names holes)."""
+    turns = coords_right = stated = consistent = with_moves = holes_stated = holes_right = 0
     named = collections.Counter()
     for rows, output in turns_of(text):
         turns += 1
@@ -65,14 +74,22 @@ def reading_scores(text: str) -> dict[str, float]:
             cell = (int(said.group(1)), int(said.group(2)))
             named[cell] += 1
             coords_right += bool(player) and cell == player[0]
+        holes = HOLES.search(output)
+        if holes:
+            holes_stated += 1
+            named_holes = {h.strip() for h in holes.group(1).split(",")} - {"none"}
+            holes_right += bool(player) and named_holes == set(moves_into_holes(np.asarray(rows) == "O", player[0]))
         moves = named_and_answered(output)
         if moves:
             with_moves += 1
             consistent += moves[0] == moves[1]
-    return {"turns": turns, "player_stated": stated / max(turns, 1),
-            "player_right": coords_right / max(stated, 1),
-            "player_top_share": max(named.values(), default=0) / max(stated, 1),
-            "answer_repeats_reasoning": consistent / max(with_moves, 1)}
+    scores = {"turns": turns, "player_stated": stated / max(turns, 1),
+              "player_right": coords_right / max(stated, 1),
+              "player_top_share": max(named.values(), default=0) / max(stated, 1),
+              "answer_repeats_reasoning": consistent / max(with_moves, 1)}
+    if holes_stated:
+        scores.update(holes_stated=holes_stated / turns, holes_right=holes_right / holes_stated)
+    return scores
 
 
 def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Supervised warm start: teach the built-in model the task format and a competent policy.
 
-`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--init W]`
+`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--init W] [--name-holes]`
 
 A randomly initialised model never writes a parseable answer, so RL has no signal (every group
 gets the same format penalty and SNR filtering rightly drops it). This module writes
@@ -12,8 +12,9 @@ them:
    probability `noise` the first move of a turn is replaced by a random one (sub-optimal
    moves, so RL has room to improve and the data covers recovering from mistakes).
 2. The reasoning is templated but input-dependent (where the player, boxes, targets or goal
-   are, and which way the plan goes), so the warm-started policy starts with grounded
-   reasoning — the state the MI diagnostics should see before any collapse.
+   are, and which way the plan goes; on FrozenLake with `--name-holes` also which moves would
+   step into a hole), so the warm-started policy starts with grounded reasoning — the state the
+   MI diagnostics should see before any collapse.
 3. The texts are fed through the real `rollout` with a scripted policy, so the token buffer,
    hole layout and loss mask are exactly those of training. Episodes are generated on a
    deterministic copy of the env (FrozenLake `success_rate=1`) so the host's plan matches the
@@ -43,6 +44,7 @@ import optax
 from flax import nnx
 
 from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
+from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
 from ragen_jax.rollout import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
 
@@ -68,8 +70,9 @@ def _cells(mask) -> str:
     return ", ".join(f"({r}, {c})" for r, c in zip(rows, cols))
 
 
-def reasoning(env, state, names: list[str]) -> str:
-    """Templated, state-dependent reasoning for the chosen moves."""
+def reasoning(env, state, names: list[str], name_holes: bool = False) -> str:
+    """Templated, state-dependent reasoning for the chosen moves (on FrozenLake with `name_holes`
+    also the moves that would step into a hole: "…, holes: Left, Down. I move …")."""
     player = tuple(int(x) for x in np.asarray(state.player))
     moves = " then ".join(names)
     if hasattr(state, "room_fixed"):  # Sokoban
@@ -78,11 +81,16 @@ def reasoning(env, state, names: list[str]) -> str:
         targets = _cells(fixed == 2)
         return f"Player {player}, box {boxes}, target {targets}. I move {moves}."
     goal = tuple(int(x) for x in np.asarray(state.goal))
-    return f"Player {player}, goal {goal}. I move {moves}."
+    if not name_holes:
+        return f"Player {player}, goal {goal}. I move {moves}."
+    # without them the fitted policy walks into a hole in 30% of slip-free episodes, with them
+    # in 17% — but it does no better on the slippery lake (docs/results.md §16, §17)
+    holes = ", ".join(moves_into_holes(state.holes, player)) or "none"
+    return f"Player {player}, goal {goal}, holes: {holes}. I move {moves}."
 
 
 def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.random.Generator,
-                        noise: float = NOISE) -> list[list[str]]:
+                        noise: float = NOISE, name_holes: bool = False) -> list[list[str]]:
     """texts[b][t]: what the policy writes after `<think>` at turn t of episode b."""
     step = jax.jit(env.step, static_argnums=3)
     texts = []
@@ -98,7 +106,7 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
             if rng.random() < noise:
                 actions[0] = int(rng.integers(1, env.num_actions + 1))
             names = [env.action_names[a - 1] for a in actions]
-            row.append(f" {reasoning(env, state, names)} </think> <answer> {' || '.join(names)} </answer>")
+            row.append(f" {reasoning(env, state, names, name_holes)} </think> <answer> {' || '.join(names)} </answer>")
             for a in actions:
                 state, _, _, _ = step(jax.random.key(0), state, a, env_params)
             budget -= len(actions)
@@ -107,11 +115,11 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
 
 
 def demonstrations(key, env, env_params, codec, prompt, tokenizer, config: RolloutConfig, noise: float = NOISE,
-                   rng: np.random.Generator | None = None) -> Trajectories:
+                   rng: np.random.Generator | None = None, name_holes: bool = False) -> Trajectories:
     """One batch of demonstration trajectories (`config.batch` episodes, one per group)."""
     rng = rng or np.random.default_rng(0)
     states = initial_states(jax.random.split(key)[0], env, env_params, config)
-    texts = demonstration_texts(env, env_params, states, config, rng, noise)
+    texts = demonstration_texts(env, env_params, states, config, rng, noise, name_holes)
     tokens = np.zeros((config.batch, config.max_turns, config.max_new_tokens), np.int32)
     lengths = np.zeros((config.batch, config.max_turns), np.int32)
     for b, row in enumerate(texts):
@@ -151,6 +159,7 @@ class SFTConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.01
     noise: float = NOISE
+    name_holes: bool = False  # FrozenLake: the reasoning also names the moves into a hole
     seed: int = 0
     compact: bool = True  # squeeze each minibatch's holes out (same loss, shorter rows)
 
@@ -211,7 +220,7 @@ def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
     while made < config.episodes:
         key, sub = jax.random.split(key)
         parts.append(demonstrations(sub, exp.env, params, exp.codec, exp.prompt, exp.tokenizer, rollout_config,
-                                    config.noise, rng))
+                                    config.noise, rng, config.name_holes))
         made += rollout_config.batch
     data = jax.tree.map(lambda *xs: jnp.concatenate(xs)[: config.episodes], *parts)
     success = float(np.mean(np.asarray(data.success)))
@@ -233,6 +242,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=SFTConfig.epochs)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
+    parser.add_argument("--name-holes", action="store_true", help="FrozenLake: the reasoning also names the "
+                        "moves that would step into a hole (docs/results.md §17)")
     parser.add_argument("--init", default="", help="continue from these weights (a workdir, a Hugging Face "
                         "directory or builtin:<name>) instead of random ones")
     parser.add_argument("--export", default="", help="also write a Hugging Face directory here")
@@ -243,10 +254,12 @@ def main(argv=None) -> int:
         config = load_config(args.config, overrides)
         # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
         sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise,
-                        seed=config.seed)
+                        name_holes=extra.name_holes, seed=config.seed)
         with config.unlocked():
             config.model.init = extra.init  # the configs' own warm start is not where a fit begins
         exp = make_experiment(config)
+        if extra.name_holes and exp.env.name != "frozenlake":
+            raise ConfigError(f"--name-holes: FrozenLake only, not env.name={config.env.name!r}")
         if exp.env.answer_kind != "actions":
             raise ConfigError(f"env.name={config.env.name!r}: solver demonstrations exist for the board games only "
                               f"(SimpleSokoban, LargerSokoban, FrozenLake)")

@@ -136,6 +136,17 @@ def generate_map(key: jax.Array, params: FrozenLakeParams):
     return holes, start, goal
 
 
+def moves_into_holes(holes, cell) -> list[str]:
+    """Host-side: names of the moves (in action order) that step from `cell` straight into a hole
+    of the bool grid `holes` — what the warm start's reasoning names (ragen_jax.sft) and
+    ragen_jax.reasoning_check checks against the board."""
+    holes = np.asarray(holes, bool)
+    rows, cols = holes.shape
+    r, c = (int(x) for x in cell)
+    return [name for name, (dr, dc) in zip(FrozenLake.action_names, MOVES)
+            if 0 <= r + dr < rows and 0 <= c + dc < cols and holes[r + dr, c + dc]]
+
+
 class FrozenLake(Environment):
     """Reach the goal on slippery ice. Transitions exactly as gymnasium's FrozenLake."""
 

@@ -155,12 +155,15 @@ def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
     assert not (tmp_path / "w").exists()  # nothing written
 
 
-def test_sft_bad_init_gives_one_line_and_writes_nothing(capsys, tmp_path):
+@pytest.mark.parametrize("case", ["bad init", "holes on sokoban"])
+def test_sft_bad_input_gives_one_line_and_writes_nothing(case, capsys, tmp_path):
     from ragen_jax import sft
 
-    code = sft.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), "--init", str(tmp_path / "none")])
+    extra, message = {"bad init": (["--init", str(tmp_path / "none")], f"model.init='{tmp_path / 'none'}'"),
+                      "holes on sokoban": (["--name-holes"], "--name-holes: FrozenLake only")}[case]
+    code = sft.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), *extra])
     line = one_error_line(capsys, code)
-    assert f"model.init='{tmp_path / 'none'}'" in line, line
+    assert message in line, line
     assert not (tmp_path / "w").exists()
 
 

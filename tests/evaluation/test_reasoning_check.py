@@ -47,3 +47,35 @@ def test_top_share_tells_a_fixed_string_from_a_reading():
     read, stuck = reasoning_check.reading_scores(reading), reasoning_check.reading_scores(fixed)
     assert (read["player_right"], read["player_top_share"]) == (1.0, 0.5)
     assert (stuck["player_right"], stuck["player_top_share"]) == (0.25, 0.75)
+
+
+LAKE_TURN = """---- Turn {n} ----
+[observation]
+State:
+_ G {p0} _
+_ O {p1} _
+{p2} _ O _
+You have 4 actions left. Always output: ...<|im_end|>
+[model output] (20 tokens)
+ {output}
+[parsed actions] action 1
+"""
+
+
+def test_hole_names_are_checked_against_the_player_neighbours():
+    """FrozenLake's template names the moves that step into a hole (`O`); Sokoban's never does."""
+    def turn(n, where, holes):
+        cells = {k: "P" if k == where else "_" for k in ("p0", "p1", "p2")}
+        return LAKE_TURN.format(n=n, **cells, output=f"Player (0, 0), goal (0, 1), holes: {holes}. I move Up. "
+                                                     "</think> <answer> Up </answer>")
+
+    text = "".join([turn(1, "p0", "none"),          # (0, 2): G, _, _ around it -> right
+                    turn(2, "p1", "Left, Down"),    # (1, 2): Left (1, 1) and Down (2, 2) are holes -> right
+                    turn(3, "p1", "Down"),          # misses Left -> wrong
+                    turn(4, "p2", "Right"),         # (2, 0): no hole next to it -> wrong
+                    LAKE_TURN.format(n=5, p0="P", p1="_", p2="_", output="free text </think> <answer> Up </answer>")])
+    scores = reasoning_check.reading_scores(text)
+    assert scores["holes_stated"] == 4 / 5
+    assert scores["holes_right"] == 2 / 4
+    sokoban = TURN.format(n=1, a="P", b="_", output="Player (1, 2), goal (2, 1). I move Up. </think> <answer> Up </answer>")
+    assert "holes_right" not in reasoning_check.reading_scores(sokoban)

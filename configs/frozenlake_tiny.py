@@ -8,7 +8,8 @@ stochastic, where reward-variance filtering matters most; `--config.env.success_
 gives gymnasium's slip; `--config.rollout.shared_env_noise=true` gives a group's members the same
 slips, as RAGEN's seeded envs do (no gain here, docs/results.md §15). RL gains only a few points
 here (§13): the warm start's mistakes are mostly the same on every attempt, which leaves little
-for group-relative sharpening (§16)."""
+for group-relative sharpening (§16); a warm start fitted with `sft --name-holes` is much stronger
+(0.655) but RL loses from it (§17)."""
 
 from ragen_jax.config import tiny_cpu_config
 

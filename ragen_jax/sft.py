@@ -84,7 +84,7 @@ def reasoning(env, state, names: list[str], name_holes: bool = False) -> str:
     if not name_holes:
         return f"Player {player}, goal {goal}. I move {moves}."
     # without them the fitted policy walks into a hole in 30% of slip-free episodes, with them
-    # in 17% — but it does no better on the slippery lake (docs/results.md §16, §17)
+    # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/results.md §17)
     holes = ", ".join(moves_into_holes(state.holes, player)) or "none"
     return f"Player {player}, goal {goal}, holes: {holes}. I move {moves}."
 

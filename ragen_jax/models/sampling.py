@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, rope_tables
+from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, KVCache, Qwen2, init_cache,
+                                    positions_from_mask, rope_tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,16 +175,17 @@ def _start_positions(cache: KVCache, offset) -> jax.Array:
 
 
 def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, offset,
-            prev_logits: jax.Array | None = None):
+            prev_logits: jax.Array | None = None, query_block: int = ATTENTION_BLOCK):
     """Write the chunk tokens/mask [B, C] at slot `offset`; return (cache, logits [B, V]) of
     each sequence's last valid chunk token. Rows with no valid token in the chunk get
-    `prev_logits` (or the logits of slot 0, meaningless, when it is None)."""
+    `prev_logits` (or the logits of slot 0, meaningless, when it is None). `query_block`:
+    see `Qwen2.__call__` (smaller is faster on long chunks and compiles to a larger graph)."""
     mask = mask.astype(bool)
     positions = positions_from_mask(mask, _start_positions(cache, offset))
     # the last valid slot (0 for a row without one): a max, not an argmax of the reversed mask,
     # which XLA spends seconds constant-folding when the mask is a constant (the system prompt)
     last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1]), 0), axis=1)
-    hidden, cache = model(tokens, positions, mask, cache, offset, query=last)
+    hidden, cache = model(tokens, positions, mask, cache, offset, query=last, query_block=query_block)
     logits = model.logits(hidden[:, 0])
     if prev_logits is not None:
         logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)
@@ -246,7 +248,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     return work.merge_into(cache), out
 
 
-prefill_jit = jax.jit(prefill, donate_argnames=("cache",))
+prefill_jit = jax.jit(prefill, donate_argnames=("cache",), static_argnames=("query_block",))
 decode_jit = jax.jit(decode, donate_argnames=("cache",),
                      static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id", "key_limit"))
 
@@ -267,7 +269,7 @@ def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.A
     """Sample continuations of prompts [B, P] (any padding side; masked slots are holes)."""
     b, p = prompt.shape
     cache = init_cache(model.cfg, b, p + max_new_tokens)
-    cache, logits = prefill(model, cache, prompt, prompt_mask, 0)
+    cache, logits = prefill(model, cache, prompt, prompt_mask, 0, query_block=PREFILL_BLOCK)
     _, out = decode(model, cache, logits, p, key, num_steps=max_new_tokens, params=params,
                     eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)
     return GenerateOutput(out.tokens, out.logprobs, out.lengths)

@@ -26,9 +26,9 @@ def batch():
     return ids, mask
 
 
-def ours_logits(model, ids, mask):
+def ours_logits(model, ids, mask, **kwargs):
     mask = jnp.asarray(mask)
-    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask)
+    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, **kwargs)
     return np.asarray(model.logits(hidden))
 
 
@@ -46,10 +46,14 @@ def test_logits_match_transformers(hf_models, batch, name):
         assert model.cfg.rope_theta == 123.0
 
 
-def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models):
-    """Past ATTENTION_BLOCK slots, each block of queries reads only the keys up to its own last
-    slot; the logits must still be transformers' (padding at both ends and a hole inside)."""
-    from ragen_jax.models.qwen2 import ATTENTION_BLOCK
+@pytest.mark.parametrize("query_block", [128, 32])
+def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, query_block):
+    """Past `query_block` slots (ATTENTION_BLOCK by default, PREFILL_BLOCK in `generate`), each
+    block of queries reads only the keys up to its own last slot; the logits must still be
+    transformers' (padding at both ends and a hole inside)."""
+    from ragen_jax.models.qwen2 import ATTENTION_BLOCK, PREFILL_BLOCK
+
+    assert (ATTENTION_BLOCK, PREFILL_BLOCK) == (128, 32)  # the parametrisation covers both
 
     torch_model, path = hf_models["untied"]
     model = hf.load_pretrained(path)
@@ -62,7 +66,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models):
     mask[1, 140:150] = False
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
     ref = hf_logits(torch_model, ids, mask, positions)
-    got = ours_logits(model, ids, mask)
+    got = ours_logits(model, ids, mask, query_block=query_block)
     assert np.abs(got - ref)[mask].max() <= TOL
 
 

@@ -55,6 +55,23 @@ def test_greedy_matches_transformers_generate(untied, prompts, greedy_ours):
     np.testing.assert_array_equal(np.asarray(greedy_ours.lengths), [NEW] * 4)
 
 
+def test_greedy_with_a_prompt_longer_than_the_prefill_block_matches_transformers(untied):
+    """`generate` prefills its prompt in query blocks of PREFILL_BLOCK slots, each reading only
+    the keys before its end; with left padding and 45-token prompts the tokens stay transformers'."""
+    from ragen_jax.models.qwen2 import PREFILL_BLOCK
+
+    rng = np.random.default_rng(5)
+    length = PREFILL_BLOCK + 13
+    ids = rng.integers(3, VOCAB, size=(3, length)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, :PREFILL_BLOCK + 2] = False  # the first block holds only padding
+    mask[2, :7] = False
+    ids[~mask] = 0
+    out = sampling.generate(untied[1], jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0),
+                            max_new_tokens=NEW, params=sampling.GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.tokens), hf_generate(untied[0], ids, mask))
+
+
 def test_greedy_stops_at_eos_like_transformers(untied, prompts, greedy_ours):
     ids, mask = prompts
     tokens = np.asarray(greedy_ours.tokens)

@@ -210,7 +210,7 @@ def report(args) -> None:
 
 
 def results_tables(runs, out: Path, seeds=None) -> str:
-    columns = ["start_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
+    columns = ["first_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
                "mean_reasoning_entropy", "alarm_rate", "mean_kept_ratio", "mean_step_seconds"]
     lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
     for (env, arm), records in sorted(runs.items()):

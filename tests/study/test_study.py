@@ -64,7 +64,7 @@ RECORDS = [
 
 def test_summarise_run_by_hand():
     s = study.summarise_run(RECORDS, last=2)
-    assert s["start_success"] == 0.4 and s["final_success"] == pytest.approx(0.3) and s["peak_success"] == 0.4
+    assert s["first_success"] == 0.4 and s["final_success"] == pytest.approx(0.3) and s["peak_success"] == 0.4
     assert s["final_mi_zscore"] == pytest.approx(1.5) and s["mean_mi_zscore"] == pytest.approx(1.5)
     assert s["mean_retrieval_acc"] == pytest.approx(0.375) and s["mean_reasoning_entropy"] == pytest.approx(8.0)
     assert s["mean_kept_ratio"] == pytest.approx(0.5)

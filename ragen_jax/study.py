@@ -47,7 +47,8 @@ def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
     """One run: success is validation success when the run validated (else the rollout's);
     `first_success` is the first measurement (after `train.val_every` updates: the initial
     policy's is the study's start_validation.json), `final_*` the mean over the last `last`
-    measurements (one measurement is noisy), `peak_success` the best single one; diagnostics are averaged over the run's checkpoints."""
+    measurements (one measurement is noisy), `peak_success` the best single one; diagnostics
+    are averaged over the run's checkpoints."""
     success = finite_series(records, VAL_SUCCESS) or finite_series(records, SUCCESS)
     values = [v for _, v in success]
     mi = [v for _, v in finite_series(records, MI_ZSCORE)]

@@ -236,6 +236,22 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
     assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]
 
 
+def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
+    """FrozenLake's default Adam eps (docs/results.md §19) reaches the step; the study's base
+    restores optax's 1e-8 so its recorded arms (§10c) reproduce."""
+    import importlib.util
+
+    from ragen_jax import config as config_lib
+
+    config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+    assert config_lib.build(config, 1).step.algo.adam_eps == pytest.approx(1e-3)
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
+    reproduce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reproduce)
+    study = config_lib.apply_overrides(config, reproduce.STUDY_BASE)
+    assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
+
+
 def test_frozenlake_slip_reaches_the_env():
     from ragen_jax import config as config_lib
     from ragen_jax.envs import registry

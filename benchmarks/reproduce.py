@@ -135,7 +135,9 @@ def study(args) -> None:
         for filter_name in args.filters:
             for algo in args.algos:
                 workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
+                # a checkpoint every 10 steps: an interrupted study repeats at most 10 steps of one run
                 overrides = {**STUDY_BASE, **FILTERS[filter_name], "algo.name": algo, "train.steps": str(args.steps),
+                             "train.save_every": "10",
                              **validation_overrides(args), "grad_buckets": str(args.grad_buckets),
                              "early_stop.val_patience": "0", "early_stop.empty_batches": "0",
                              "early_stop.reward_std_collapse": "0",

@@ -39,6 +39,9 @@ class Batch:
     advantages: jax.Array  # f32[B, K]
     returns: jax.Array  # f32[B, K] (critic targets; 0 without a critic)
     old_values: jax.Array  # f32[B, K]
+    # f32[B, K] the temperature each token was drawn at, when it varies (rollout.answer_sampling);
+    # None: the one `policy_logprobs` is given
+    temperatures: jax.Array | None = None
     shared_prefix: int = struct.field(pytree_node=False, default=0)  # leading slots equal in every row, all valid
 
 
@@ -61,6 +64,7 @@ def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
     return Batch(tokens=traj.tokens, mask=traj.mask, query=take(previous_valid_slot(traj.mask)),
                  targets=take(traj.tokens), loss_mask=take(traj.loss_mask), old_logprobs=take(traj.logprobs),
                  rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros,
+                 temperatures=None if traj.temperatures is None else take(traj.temperatures),
                  shared_prefix=traj.prompt_len)
 
 
@@ -105,10 +109,13 @@ def backbone_hidden(model: Qwen2, batch: Batch) -> jax.Array:
 
 def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
     """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
-    policy at the sampling temperature (what the sampler's recorded log-probs measure)."""
+    policy at the sampling temperature (what the sampler's recorded log-probs measure):
+    each token's own (`batch.temperatures`) when the batch has them, else `temperature`."""
     hidden = backbone_hidden(model, batch)
     picked = jnp.take_along_axis(hidden, batch.query[..., None], axis=1)
-    if temperature != 1.0:
+    if batch.temperatures is not None:
+        picked = picked / batch.temperatures[..., None].astype(picked.dtype)  # logits / T, per token
+    elif temperature != 1.0:
         picked = picked / jnp.asarray(temperature, picked.dtype)  # logits / T
     return token_logprobs(model, picked, batch.targets, with_entropy=True)
 

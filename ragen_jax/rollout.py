@@ -33,8 +33,8 @@ from flax import struct
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache
-from ragen_jax.text.codec import (TextCodec, answer_text, detokenize, ends_with_answer_close, parse_answer,
-                                  reasoning_length)
+from ragen_jax.text.codec import (TextCodec, answer_text, detokenize, ends_with_answer_close,
+                                  ends_with_answer_open, parse_answer, reasoning_length)
 from ragen_jax.text.prompt import PromptTemplate, turn_ids
 
 
@@ -50,6 +50,10 @@ class RolloutConfig:
     max_new_tokens: int = 120
     format_penalty: float = -0.1
     sampling: sampling.SamplingParams = sampling.SamplingParams(temperature=1.0)
+    # The answer's tokens (after `<answer>`) drawn with these instead (None: `sampling`'s), e.g.
+    # hotter moves after a reasoning sampled cold: exploration of the choices, not of the text
+    # that reads the board. The update recomputes each token under the temperature it was drawn at.
+    answer_sampling: sampling.SamplingParams | None = None
     # The env noise (FrozenLake's slip) of a member's n-th move: drawn from its group's key and
     # n, so every member of a group meets the same slips (gymnasium's reset(seed) semantics,
     # which RAGEN gets by resetting a group's envs with one seed), or independently per row.
@@ -86,6 +90,9 @@ class Trajectories:
     turn_actions: jax.Array  # int32[B, T, max_actions_per_turn] parsed actions (0 = none)
     gen_lengths: jax.Array  # int32[B, T] generated tokens per turn
     reasoning_lengths: jax.Array  # int32[B, T] of those, the reasoning before `</think>` (0: none)
+    # f32[B, S] the temperature each generated token was drawn at, with `answer_sampling` (None:
+    # `sampling`'s for every token)
+    temperatures: jax.Array | None = None
     turn_offsets: tuple[int, ...] = struct.field(pytree_node=False, default=())  # each turn's generation slot
     prompt_len: int = struct.field(pytree_node=False, default=0)  # slots [0, prompt_len): the system prompt, every row
 
@@ -149,17 +156,31 @@ class ModelPolicy(Policy):
     def prefill(self, cache, tokens, mask, offset, prev_logits):
         return sampling.prefill(self.model, cache, tokens, mask, offset, prev_logits)
 
+    answer_params: sampling.SamplingParams | None = None  # after `<answer>` (with `answer_fn`)
+    answer_fn: Callable | None = None
+
     def decode(self, cache, logits, offset, key, done, turn):
         return sampling.decode(self.model, cache, logits, offset, key, num_steps=self.max_new_tokens,
                                params=self.params, eos_ids=self.eos_ids, stop_fn=self.stop_fn, done=done,
-                               key_limit=offset + self.max_new_tokens)
+                               key_limit=offset + self.max_new_tokens, switch_fn=self.answer_fn,
+                               switch_params=self.answer_params)
 
 
 def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig) -> ModelPolicy:
-    """Sampling from `model`, stopping at `</answer>` or at the chat's end-of-message token."""
+    """Sampling from `model`, stopping at `</answer>` or at the chat's end-of-message token
+    (and, with `config.answer_sampling`, switching to it after `<answer>`)."""
     eos = tuple(sorted({*model.cfg.eos_token_ids, *([prompt.end_of_message_id] if prompt.end_of_message_id >= 0 else [])}))
+    switch = config.answer_sampling is not None
     return ModelPolicy(model, config.max_new_tokens, config.sampling, eos,
-                       lambda tokens, lengths: ends_with_answer_close(codec, tokens, lengths))
+                       lambda tokens, lengths: ends_with_answer_close(codec, tokens, lengths),
+                       config.answer_sampling,
+                       (lambda tokens, lengths: ends_with_answer_open(codec, tokens, lengths)) if switch else None)
+
+
+def drawn_at(params: sampling.SamplingParams) -> float:
+    """The temperature a token's recorded log-prob is under (1 for a greedy draw, see
+    `sampling.sample_token`)."""
+    return params.temperature or 1.0
 
 
 def member_keys(key: jax.Array, config: RolloutConfig) -> jax.Array:
@@ -211,6 +232,8 @@ def rollout(
     buffer = shard_rows(jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system))
     valid = shard_rows(jnp.zeros((batch, length), bool).at[:, :system_len].set(True))
     logprobs = shard_rows(jnp.zeros((batch, length), jnp.float32))
+    mixed = config.answer_sampling is not None  # per-token temperatures to record
+    temperatures = shard_rows(jnp.ones((batch, length), jnp.float32)) if mixed else None
 
     @jax.vmap
     def read_answer(ids, mask):
@@ -239,6 +262,7 @@ def rollout(
         closed: jax.Array  # bool[B] the last generation ended with end-of-message
         total: jax.Array  # f32[B]
         last_slot: jax.Array  # int32[B] the last generated token's slot (-1: none yet)
+        temperatures: jax.Array | None  # f32[B, L] with answer_sampling, else None
 
     def step_keys(k_env, k, taken):
         """The env keys of every row's next move: the k-th of this turn, the taken-th of its episode."""
@@ -318,7 +342,13 @@ def rollout(
             closed=jnp.where(active, wrote & (end_of_message == prompt.end_of_message_id), carry.closed),
             total=carry.total + reward,
             last_slot=jnp.where(wrote, gen_offset + out.lengths - 1, carry.last_slot),
+            temperatures=None,
         )
+        if mixed:
+            switched = jnp.zeros(out.tokens.shape, bool) if out.switched is None else out.switched
+            drawn = jnp.where(switched, drawn_at(config.answer_sampling), drawn_at(config.sampling))
+            new = new.replace(temperatures=place(carry.temperatures, jnp.concatenate(
+                [jnp.ones_like(ids, jnp.float32), drawn], axis=1)))
         record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0),
                   jnp.where(active, thought, 0))
         return new, record
@@ -328,7 +358,7 @@ def rollout(
         finished=jnp.zeros(batch, bool), actions_taken=jnp.zeros(batch, jnp.int32),
         last_reward=jnp.zeros(batch, jnp.float32), last_invalid=jnp.zeros(batch, bool),
         closed=jnp.zeros(batch, bool), total=jnp.zeros(batch, jnp.float32),
-        last_slot=jnp.full(batch, -1, jnp.int32),
+        last_slot=jnp.full(batch, -1, jnp.int32), temperatures=temperatures,
     )
     # Turns are unrolled: static offsets let each turn read only the cache slots written so
     # far (half the buffer on average), which is most of a decode step's cost.
@@ -357,6 +387,7 @@ def rollout(
         turn_actions=jnp.moveaxis(turn_actions, 0, 1),
         gen_lengths=gen_lengths.T,
         reasoning_lengths=thought.T,
+        temperatures=carry.temperatures,
         turn_offsets=turn_offsets,
         prompt_len=system_len,
     )

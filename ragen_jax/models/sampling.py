@@ -56,6 +56,7 @@ class DecodeOutput:
     lengths: jax.Array
     done: jax.Array
     logits: jax.Array
+    switched: jax.Array | None = None  # bool[B, n]: drawn with `switch_params` (see `decode`)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -196,7 +197,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
            num_steps: int, params: SamplingParams = SamplingParams(),
            eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
            done: jax.Array | None = None, pad_id: int = 0,
-           key_limit: int | None = None) -> tuple[KVCache, DecodeOutput]:
+           key_limit: int | None = None, switch_fn: Callable | None = None,
+           switch_params: SamplingParams | None = None) -> tuple[KVCache, DecodeOutput]:
     """Sample up to `num_steps` tokens into cache slots offset .. offset+num_steps-1.
 
     `logits` [B, V] is the next-token distribution (from `prefill` or a previous decode).
@@ -205,26 +207,37 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
     cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
     offset + num_steps when the offset is known statically.
+
+    `switch_fn(tokens, lengths)` (static, with `switch_params`): once it holds for a sequence,
+    its later tokens are drawn with `switch_params` instead of `params` — the rollout samples
+    the answer after `<answer>` at its own temperature. `DecodeOutput.switched` marks them.
     """
+    if (switch_fn is None) != (switch_params is None):
+        raise ValueError("decode: switch_fn and switch_params go together")
     b = logits.shape[0]
     done = jnp.zeros((b,), bool) if done is None else done.astype(bool)
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
     out = DecodeOutput(tokens=jnp.full((b, num_steps), pad_id, jnp.int32),
                        logprobs=jnp.zeros((b, num_steps), jnp.float32),
-                       lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits)
+                       lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits,
+                       switched=None if switch_fn is None else jnp.zeros((b, num_steps), bool))
 
     # every step's uniforms drawn at once: random bits inside the loop cost several small
     # kernels per step (threefry is itself a loop on CPU)
-    uniforms = (jnp.zeros((num_steps, b), jnp.float32) if params.temperature == 0.0 else
+    greedy = params.temperature == 0.0 and (switch_params is None or switch_params.temperature == 0.0)
+    uniforms = (jnp.zeros((num_steps, b), jnp.float32) if greedy else
                 jax.random.uniform(key, (num_steps, b), jnp.float32))
 
     def cond(carry):
-        i, _, out = carry
+        i, _, out, _ = carry
         return (i < num_steps) & ~jnp.all(out.done)
 
     def body(carry):
-        i, cache, out = carry
+        i, cache, out, switched = carry
         token, logp = _sample_token(uniforms[i], out.logits, params)
+        if switch_fn is not None:
+            other, other_logp = _sample_token(uniforms[i], out.logits, switch_params)
+            token, logp = jnp.where(switched, other, token), jnp.where(switched, other_logp, logp)
         active = ~out.done
         token = jnp.where(active, token, pad_id)
         tokens = out.tokens.at[:, i].set(token)
@@ -238,19 +251,23 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
-                           logits=model.logits(hidden[:, 0]))
-        return i + 1, cache, out
+                           logits=model.logits(hidden[:, 0]),
+                           switched=None if switch_fn is None else out.switched.at[:, i].set(active & switched))
+        if switch_fn is not None:
+            switched = switched | (active & switch_fn(tokens, lengths))
+        return i + 1, cache, out, switched
 
     # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.
     work = cache.per_layer(key_limit)
     rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
-    _, work, out = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out))
+    _, work, out, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out, jnp.zeros((b,), bool)))
     return work.merge_into(cache), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",), static_argnames=("query_block",))
 decode_jit = jax.jit(decode, donate_argnames=("cache",),
-                     static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id", "key_limit"))
+                     static_argnames=("num_steps", "params", "eos_ids", "stop_fn", "pad_id", "key_limit",
+                                      "switch_fn", "switch_params"))
 
 
 @struct.dataclass

@@ -389,18 +389,28 @@ def parse_answer(codec: TextCodec, text: jax.Array, length, prefix: str = THINK_
 def ends_with_answer_close(codec: TextCodec, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
     """Stop check for `sampling.decode`: bool[B], true when `</answer>` ends in the last token.
 
-    tokens [B, n] hold each row's generated ids so far, lengths [B] how many. Only the bytes
-    of the last len("</answer>") tokens are looked at: each token has at least one byte, so
-    they hold any occurrence that the last token completes.
-    """
-    k = len(ANSWER_CLOSE)
+    tokens [B, n] hold each row's generated ids so far, lengths [B] how many."""
+    return _last_token_completes(codec, ANSWER_CLOSE, tokens, lengths)
+
+
+def ends_with_answer_open(codec: TextCodec, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Switch check for `sampling.decode`: bool[B], true when `<answer>` ends in the last token
+    (the tokens after it are the answer)."""
+    return _last_token_completes(codec, ANSWER_OPEN, tokens, lengths)
+
+
+def _last_token_completes(codec: TextCodec, marker: bytes, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """bool[B]: `marker` ends inside each row's last generated token. Only the bytes of the
+    last len(marker) tokens are looked at: each token has at least one byte, so they hold any
+    occurrence that the last token completes."""
+    k = len(marker)
 
     def one(row, length):
         pos = length - k + jnp.arange(k)
         ids = row[jnp.clip(pos, 0, row.shape[0] - 1)]
         text, total = detokenize(codec, ids, pos >= 0)
         before = _byte_lens(codec, ids[:-1], pos[:-1] >= 0).sum()  # bytes before the last token
-        hit = _matches(text, total, ANSWER_CLOSE) & (jnp.arange(text.shape[0]) + k > before)
+        hit = _matches(text, total, marker) & (jnp.arange(text.shape[0]) + k > before)
         return hit.any() & (length > 0)
 
     return jax.vmap(one)(tokens, lengths)

@@ -133,6 +133,8 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.rollout.shared_env_noise=sometimes"],
      "--config.rollout.shared_env_noise='sometimes': expected true or false"),
     (["--config", CONFIG, "--config.filter.rho=-1"], "filter.rho=-1.0 must be >= 0"),
+    (["--config", CONFIG, "--config.rollout.answer_temperature=-0.5"],
+     "rollout.answer_temperature=-0.5 must be >= 0 (0: greedy answers) or -1 (the rollout temperature)"),
     (["--config", CONFIG, "--config.algo.name=grpo", "--config.rollout.group_size=1",
       "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),
     (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
@@ -250,6 +252,19 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     spec.loader.exec_module(reproduce)
     study = config_lib.apply_overrides(config, reproduce.STUDY_BASE)
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
+
+
+def test_answer_temperature_reaches_the_rollout_and_not_validation():
+    from ragen_jax import config as config_lib
+    from ragen_jax.evaluation import EvalConfig
+
+    config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+    answer = lambda overrides: config_lib.build(config_lib.apply_overrides(config, overrides), 1).step.rollout
+    assert answer({}).answer_sampling is None  # -1: the rollout temperature for every token
+    assert answer({"rollout.answer_temperature": "0.5"}).answer_sampling is None  # the same as rollout.temperature
+    hot = answer({"rollout.answer_temperature": "1.5", "rollout.top_k": "8"})
+    assert (hot.answer_sampling.temperature, hot.answer_sampling.top_k) == (1.5, 8)
+    assert EvalConfig().rollout_config(hot).answer_sampling is None
 
 
 def test_frozenlake_slip_reaches_the_env():

@@ -235,3 +235,37 @@ def test_bad_sampling_params():
         sampling.SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         sampling.SamplingParams(temperature=-1.0)
+
+
+def _after_five(tokens, lengths):
+    """A switch condition for the test below: true once a sequence has 5 tokens."""
+    return lengths >= 5
+
+
+def test_decode_switches_to_other_params_after_the_switch_condition(untied, prompts):
+    """Tokens 1-5 are drawn at T 1.5 and scored at it; once `switch_fn` holds, the rest are the
+    full forward's argmax (greedy `switch_params`) with log-probs at T 1, and `switched` marks them."""
+    model = untied[1]
+    ids, mask = (jnp.asarray(x) for x in prompts)
+    b, p = ids.shape
+    hot = sampling.SamplingParams(temperature=1.5)
+    cache = init_cache(model.cfg, b, p + NEW)
+    cache, logits = sampling.prefill_jit(model, cache, ids, mask, 0)
+    _, out = sampling.decode_jit(model, cache, logits, p, jax.random.key(4), num_steps=NEW, params=hot,
+                                 switch_fn=_after_five, switch_params=sampling.GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.switched), np.broadcast_to(np.arange(NEW) >= 5, (b, NEW)))
+    tokens = jnp.concatenate([ids, out.tokens], 1)
+    full_mask = jnp.concatenate([mask, jnp.ones_like(out.tokens, bool)], 1)
+    hidden, _ = model(tokens, positions_from_mask(full_mask), full_mask)
+    logits = np.asarray(model.logits(hidden[:, p - 1:p - 1 + NEW]), np.float64)
+    got_tokens, got_logp = np.asarray(out.tokens), np.asarray(out.logprobs)
+    for row in range(b):
+        for i in range(NEW):
+            t = 1.0 if i >= 5 else hot.temperature
+            scaled = logits[row, i] / t
+            logp = scaled - scaled.max() - np.log(np.exp(scaled - scaled.max()).sum())
+            if i >= 5:
+                assert got_tokens[row, i] == np.argmax(logits[row, i])
+            np.testing.assert_allclose(got_logp[row, i], logp[got_tokens[row, i]], atol=1e-4)
+    with pytest.raises(ValueError, match="switch_fn and switch_params"):
+        sampling.decode(model, cache, logits, p, jax.random.key(4), num_steps=2, switch_fn=_after_five)

@@ -138,6 +138,8 @@ def test_reproduce_study_smoke(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "sokoban" / "top_p-grpo" / "seed0" / "metrics.jsonl").open()]
     assert [r["step"] for r in records] == [1, 2]
+    saved = json.loads((tmp_path / "sokoban" / "top_p-grpo" / "seed0" / "config.json").read_text())
+    assert saved["train"]["save_every"] == 10  # a restart repeats at most 10 steps of a 40-step arm
     start = json.loads((tmp_path / "sokoban" / "start_validation.json").read_text())
     assert 0.0 <= start["success"] <= 1.0
     out = subprocess.run([sys.executable, script, "report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")],

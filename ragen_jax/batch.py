@@ -39,7 +39,7 @@ class Batch:
     advantages: jax.Array  # f32[B, K]
     returns: jax.Array  # f32[B, K] (critic targets; 0 without a critic)
     old_values: jax.Array  # f32[B, K]
-    # f32[B, K] the temperature each token was drawn at, when it varies (rollout.answer_sampling);
+    # f32[B, K] the temperature each token was drawn at, when it varies (rollout.action_sampling);
     # None: the one `policy_logprobs` is given
     temperatures: jax.Array | None = None
     shared_prefix: int = struct.field(pytree_node=False, default=0)  # leading slots equal in every row, all valid

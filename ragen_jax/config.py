@@ -62,7 +62,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict(dict(
         num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
         max_new_tokens=120, format_penalty=-0.1, temperature=1.0, top_p=1.0, top_k=0,
-        answer_temperature=-1.0,  # the answer's tokens (after `<answer>`); -1: `temperature`
+        # each action's first token in the answer (a move's name): its temperature (-1: `temperature`)
+        # and top-k (0: `top_k`; e.g. the number of moves, so a hot draw stays a move)
+        action_temperature=-1.0, action_top_k=0,
         shared_env_noise=False,  # a group's members meet the same env noise (slips), see RolloutConfig
     ))
     c.filter = ml_collections.ConfigDict(dict(
@@ -294,16 +296,20 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     r = config.rollout
     params = _wrap("rollout", lambda: sampling.SamplingParams(temperature=r.temperature, top_p=r.top_p,
                                                                top_k=r.top_k))
-    if r.answer_temperature != -1.0 and not (math.isfinite(r.answer_temperature) and r.answer_temperature >= 0):
-        raise ConfigError(f"rollout.answer_temperature={r.answer_temperature} must be >= 0 (0: greedy answers) "
+    if r.action_temperature != -1.0 and not (math.isfinite(r.action_temperature) and r.action_temperature >= 0):
+        raise ConfigError(f"rollout.action_temperature={r.action_temperature} must be >= 0 (0: greedy actions) "
                           "or -1 (the rollout temperature)")
-    answer_params = (None if r.answer_temperature in (-1.0, r.temperature) else
-                     dataclasses.replace(params, temperature=float(r.answer_temperature)))
+    if r.action_top_k < 0:
+        raise ConfigError(f"rollout.action_top_k={r.action_top_k} must be >= 0 (0: rollout.top_k)")
+    action_params = dataclasses.replace(params, temperature=float(r.action_temperature if r.action_temperature != -1.0
+                                                                  else r.temperature),
+                                        top_k=r.action_top_k or r.top_k)
+    action_params = None if action_params == params else action_params
     rollout = _wrap("rollout", lambda: RolloutConfig(
         num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
         max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=r.max_actions_per_traj,
         max_new_tokens=r.max_new_tokens, format_penalty=r.format_penalty, sampling=params,
-        answer_sampling=answer_params, shared_env_noise=r.shared_env_noise))
+        action_sampling=action_params, shared_env_noise=r.shared_env_noise))
     filt = _wrap("filter", lambda: FilterConfig(**config.filter.to_dict()))
     a = config.algo.to_dict()
     name = a.pop("name")

@@ -72,9 +72,9 @@ class EvalConfig:
         penalty (so validation measures the task the policy is trained on). Env noise is drawn
         independently per sample (`shared_env_noise` off): the samples of a level are independent
         attempts, as pass@k assumes. Every token is drawn with this config's sampling (a training
-        `answer_sampling` is exploration, not part of the policy validated)."""
+        `action_sampling` is exploration, not part of the policy validated)."""
         return dataclasses.replace(train_rollout, num_groups=int(self.num_envs), group_size=int(self.samples_per_env),
-                                   sampling=self.sampling, answer_sampling=None, shared_env_noise=False)
+                                   sampling=self.sampling, action_sampling=None, shared_env_noise=False)
 
     def key(self) -> jax.Array:
         """The validation rollout's key: `rollout` resets the levels with `split(key)[0]`."""

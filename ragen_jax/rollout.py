@@ -33,8 +33,8 @@ from flax import struct
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache
-from ragen_jax.text.codec import (TextCodec, answer_text, detokenize, ends_with_answer_close,
-                                  ends_with_answer_open, parse_answer, reasoning_length)
+from ragen_jax.text.codec import (TextCodec, action_starts_next, answer_text, detokenize,
+                                  ends_with_answer_close, parse_answer, reasoning_length)
 from ragen_jax.text.prompt import PromptTemplate, turn_ids
 
 
@@ -50,10 +50,11 @@ class RolloutConfig:
     max_new_tokens: int = 120
     format_penalty: float = -0.1
     sampling: sampling.SamplingParams = sampling.SamplingParams(temperature=1.0)
-    # The answer's tokens (after `<answer>`) drawn with these instead (None: `sampling`'s), e.g.
-    # hotter moves after a reasoning sampled cold: exploration of the choices, not of the text
-    # that reads the board. The update recomputes each token under the temperature it was drawn at.
-    answer_sampling: sampling.SamplingParams | None = None
+    # The first token of each action in the answer (after `<answer>` and after each `||`: a
+    # move's name) drawn with these instead (None: `sampling`'s): hotter moves, while the
+    # reasoning that reads the board and the answer's format stay cold — exploration of the
+    # choices. The update recomputes each token under the temperature it was drawn at.
+    action_sampling: sampling.SamplingParams | None = None
     # The env noise (FrozenLake's slip) of a member's n-th move: drawn from its group's key and
     # n, so every member of a group meets the same slips (gymnasium's reset(seed) semantics,
     # which RAGEN gets by resetting a group's envs with one seed), or independently per row.
@@ -90,7 +91,7 @@ class Trajectories:
     turn_actions: jax.Array  # int32[B, T, max_actions_per_turn] parsed actions (0 = none)
     gen_lengths: jax.Array  # int32[B, T] generated tokens per turn
     reasoning_lengths: jax.Array  # int32[B, T] of those, the reasoning before `</think>` (0: none)
-    # f32[B, S] the temperature each generated token was drawn at, with `answer_sampling` (None:
+    # f32[B, S] the temperature each generated token was drawn at, with `action_sampling` (None:
     # `sampling`'s for every token)
     temperatures: jax.Array | None = None
     turn_offsets: tuple[int, ...] = struct.field(pytree_node=False, default=())  # each turn's generation slot
@@ -156,25 +157,25 @@ class ModelPolicy(Policy):
     def prefill(self, cache, tokens, mask, offset, prev_logits):
         return sampling.prefill(self.model, cache, tokens, mask, offset, prev_logits)
 
-    answer_params: sampling.SamplingParams | None = None  # after `<answer>` (with `answer_fn`)
-    answer_fn: Callable | None = None
+    action_params: sampling.SamplingParams | None = None  # where `action_fn` says an action starts
+    action_fn: Callable | None = None
 
     def decode(self, cache, logits, offset, key, done, turn):
         return sampling.decode(self.model, cache, logits, offset, key, num_steps=self.max_new_tokens,
                                params=self.params, eos_ids=self.eos_ids, stop_fn=self.stop_fn, done=done,
-                               key_limit=offset + self.max_new_tokens, switch_fn=self.answer_fn,
-                               switch_params=self.answer_params)
+                               key_limit=offset + self.max_new_tokens, switch_fn=self.action_fn,
+                               switch_params=self.action_params)
 
 
 def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig) -> ModelPolicy:
     """Sampling from `model`, stopping at `</answer>` or at the chat's end-of-message token
-    (and, with `config.answer_sampling`, switching to it after `<answer>`)."""
+    (and, with `config.action_sampling`, drawing each action's first token with it)."""
     eos = tuple(sorted({*model.cfg.eos_token_ids, *([prompt.end_of_message_id] if prompt.end_of_message_id >= 0 else [])}))
-    switch = config.answer_sampling is not None
+    switch = config.action_sampling is not None
     return ModelPolicy(model, config.max_new_tokens, config.sampling, eos,
                        lambda tokens, lengths: ends_with_answer_close(codec, tokens, lengths),
-                       config.answer_sampling,
-                       (lambda tokens, lengths: ends_with_answer_open(codec, tokens, lengths)) if switch else None)
+                       config.action_sampling,
+                       (lambda tokens, lengths: action_starts_next(codec, tokens, lengths)) if switch else None)
 
 
 def drawn_at(params: sampling.SamplingParams) -> float:
@@ -232,7 +233,7 @@ def rollout(
     buffer = shard_rows(jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system))
     valid = shard_rows(jnp.zeros((batch, length), bool).at[:, :system_len].set(True))
     logprobs = shard_rows(jnp.zeros((batch, length), jnp.float32))
-    mixed = config.answer_sampling is not None  # per-token temperatures to record
+    mixed = config.action_sampling is not None  # per-token temperatures to record
     temperatures = shard_rows(jnp.ones((batch, length), jnp.float32)) if mixed else None
 
     @jax.vmap
@@ -262,7 +263,7 @@ def rollout(
         closed: jax.Array  # bool[B] the last generation ended with end-of-message
         total: jax.Array  # f32[B]
         last_slot: jax.Array  # int32[B] the last generated token's slot (-1: none yet)
-        temperatures: jax.Array | None  # f32[B, L] with answer_sampling, else None
+        temperatures: jax.Array | None  # f32[B, L] with action_sampling, else None
 
     def step_keys(k_env, k, taken):
         """The env keys of every row's next move: the k-th of this turn, the taken-th of its episode."""
@@ -346,7 +347,7 @@ def rollout(
         )
         if mixed:
             switched = jnp.zeros(out.tokens.shape, bool) if out.switched is None else out.switched
-            drawn = jnp.where(switched, drawn_at(config.answer_sampling), drawn_at(config.sampling))
+            drawn = jnp.where(switched, drawn_at(config.action_sampling), drawn_at(config.sampling))
             new = new.replace(temperatures=place(carry.temperatures, jnp.concatenate(
                 [jnp.ones_like(ids, jnp.float32), drawn], axis=1)))
         record = (active, active & format_ok, reward, actions, jnp.where(active, out.lengths, 0),

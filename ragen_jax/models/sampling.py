@@ -208,9 +208,10 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
     offset + num_steps when the offset is known statically.
 
-    `switch_fn(tokens, lengths)` (static, with `switch_params`): once it holds for a sequence,
-    its later tokens are drawn with `switch_params` instead of `params` — the rollout samples
-    the answer after `<answer>` at its own temperature. `DecodeOutput.switched` marks them.
+    `switch_fn(tokens, lengths)` (static, with `switch_params`) says after each token whether a
+    sequence's next token is drawn with `switch_params` instead of `params` — the rollout draws
+    the first token of each action in the answer at its own temperature. `DecodeOutput.switched`
+    marks the tokens so drawn.
     """
     if (switch_fn is None) != (switch_params is None):
         raise ValueError("decode: switch_fn and switch_params go together")
@@ -254,7 +255,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                            logits=model.logits(hidden[:, 0]),
                            switched=None if switch_fn is None else out.switched.at[:, i].set(active & switched))
         if switch_fn is not None:
-            switched = switched | (active & switch_fn(tokens, lengths))
+            switched = active & switch_fn(tokens, lengths)
         return i + 1, cache, out, switched
 
     # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.

@@ -393,10 +393,11 @@ def ends_with_answer_close(codec: TextCodec, tokens: jax.Array, lengths: jax.Arr
     return _last_token_completes(codec, ANSWER_CLOSE, tokens, lengths)
 
 
-def ends_with_answer_open(codec: TextCodec, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
-    """Switch check for `sampling.decode`: bool[B], true when `<answer>` ends in the last token
-    (the tokens after it are the answer)."""
-    return _last_token_completes(codec, ANSWER_OPEN, tokens, lengths)
+def action_starts_next(codec: TextCodec, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Switch check for `sampling.decode`: bool[B], true when `<answer>` or the action separator
+    `||` ends in the last token, so the next token begins an action (a move's name)."""
+    return (_last_token_completes(codec, ANSWER_OPEN, tokens, lengths)
+            | _last_token_completes(codec, ACTION_SEP, tokens, lengths))
 
 
 def _last_token_completes(codec: TextCodec, marker: bytes, tokens: jax.Array, lengths: jax.Array) -> jax.Array:

@@ -133,8 +133,9 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.rollout.shared_env_noise=sometimes"],
      "--config.rollout.shared_env_noise='sometimes': expected true or false"),
     (["--config", CONFIG, "--config.filter.rho=-1"], "filter.rho=-1.0 must be >= 0"),
-    (["--config", CONFIG, "--config.rollout.answer_temperature=-0.5"],
-     "rollout.answer_temperature=-0.5 must be >= 0 (0: greedy answers) or -1 (the rollout temperature)"),
+    (["--config", CONFIG, "--config.rollout.action_top_k=-1"], "rollout.action_top_k=-1 must be >= 0"),
+    (["--config", CONFIG, "--config.rollout.action_temperature=-0.5"],
+     "rollout.action_temperature=-0.5 must be >= 0 (0: greedy actions) or -1 (the rollout temperature)"),
     (["--config", CONFIG, "--config.algo.name=grpo", "--config.rollout.group_size=1",
       "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),
     (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
@@ -254,17 +255,22 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
 
 
-def test_answer_temperature_reaches_the_rollout_and_not_validation():
+def test_action_temperature_reaches_the_rollout_and_not_validation():
     from ragen_jax import config as config_lib
     from ragen_jax.evaluation import EvalConfig
 
-    config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
-    answer = lambda overrides: config_lib.build(config_lib.apply_overrides(config, overrides), 1).step.rollout
-    assert answer({}).answer_sampling is None  # -1: the rollout temperature for every token
-    assert answer({"rollout.answer_temperature": "0.5"}).answer_sampling is None  # the same as rollout.temperature
-    hot = answer({"rollout.answer_temperature": "1.5", "rollout.top_k": "8"})
-    assert (hot.answer_sampling.temperature, hot.answer_sampling.top_k) == (1.5, 8)
-    assert EvalConfig().rollout_config(hot).answer_sampling is None
+    def answer(overrides):  # (apply_overrides changes the config it is given)
+        config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+        return config_lib.build(config_lib.apply_overrides(config, overrides), 1).step.rollout
+
+    assert answer({}).action_sampling is None  # -1: the rollout temperature for every token
+    assert answer({"rollout.action_temperature": "0.5"}).action_sampling is None  # the same as rollout.temperature
+    hot = answer({"rollout.action_temperature": "1.5", "rollout.top_k": "8"})
+    assert (hot.action_sampling.temperature, hot.action_sampling.top_k) == (1.5, 8)
+    hot = answer({"rollout.action_temperature": "2", "rollout.action_top_k": "4"})
+    assert (hot.action_sampling.temperature, hot.action_sampling.top_k, hot.sampling.top_k) == (2.0, 4, 0)
+    assert answer({"rollout.action_top_k": "4"}).action_sampling.temperature == 0.5  # the rollout's
+    assert EvalConfig().rollout_config(hot).action_sampling is None
 
 
 def test_frozenlake_slip_reaches_the_env():

@@ -110,9 +110,9 @@ def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, traj
 
 
 @pytest.fixture(scope="module")
-def hot_answers(setup):
-    """The shipped Sokoban warm start (it writes `<answer>`), rolled out with the reasoning at
-    T 0.5 and the answer at T 2 (`RolloutConfig.answer_sampling`)."""
+def hot_moves(setup):
+    """The shipped Sokoban warm start (it writes `<answer> Up || Left </answer>`), rolled out at
+    T 0.5 with each action's first token at T 2 (`RolloutConfig.action_sampling`)."""
     from ragen_jax.experiment import load_initial_weights
     from ragen_jax.models.sampling import SamplingParams
 
@@ -120,30 +120,37 @@ def hot_answers(setup):
     model = tiny_model(0)
     load_initial_weights(model, "builtin:sokoban-tiny")
     config = dataclasses.replace(ROLLOUT, max_new_tokens=48, sampling=SamplingParams(temperature=0.5),
-                                 answer_sampling=SamplingParams(temperature=2.0))  # the tiny configs' 48
+                                 action_sampling=SamplingParams(temperature=2.0))  # the tiny configs' 48
     traj = jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, config), env, params, codec, prompt,
                                      config))(jax.random.key(5))
     return model, config, traj
 
 
-def test_answer_temperature_starts_after_answer_open_and_the_update_recomputes_it(hot_answers):
-    """Each generated token records T 2 exactly when the turn's text before it contains
-    `<answer>` (checked with the tokenizer's own decode), and the update's forward with those
-    per-token temperatures reproduces the sampled log-probs (one temperature for all would not)."""
+def completes(before: str, after: str, marker: str) -> bool:
+    """`marker` ends in the part of `after` (the text with one more token) past `before`."""
+    return any(i + len(marker) > len(before) for i in range(len(after)) if after.startswith(marker, i))
+
+
+def test_action_temperature_marks_each_action_start_and_the_update_recomputes_it(hot_moves):
+    """A generated token records T 2 exactly when the token before it completes `<answer>` or
+    `||` (checked on the tokenizer's own decode), and the update's forward with those per-token
+    temperatures reproduces the sampled log-probs (one temperature for all would not)."""
     from ragen_jax.models import hf
 
-    model, config, traj = hot_answers
+    model, config, traj = hot_moves
     tok = hf.load_tokenizer()
     tokens, temps, loss = (np.asarray(a) for a in (traj.tokens, traj.temperatures, traj.loss_mask))
-    answer_tokens = 0
+    hot = 0
     for row in range(config.batch):
         for offset in traj.turn_offsets:
+            ids = [int(tokens[row, s]) for s in range(offset, offset + config.max_new_tokens) if loss[row, s]]
             slots = [s for s in range(offset, offset + config.max_new_tokens) if loss[row, s]]
             for j, slot in enumerate(slots):
-                in_answer = "<answer>" in tok.decode([int(tokens[row, s]) for s in slots[:j]])
-                assert temps[row, slot] == (2.0 if in_answer else 0.5), (row, slot)
-                answer_tokens += in_answer
-    assert 0 < answer_tokens < loss.sum()
+                before, after = tok.decode(ids[:j - 1]) if j else "", tok.decode(ids[:j])
+                starts = j > 0 and (completes(before, after, "<answer>") or completes(before, after, "||"))
+                assert temps[row, slot] == (2.0 if starts else 0.5), (row, slot, after)
+                hot += starts
+    assert 0 < hot < loss.sum()
 
     batch = batch_from_trajectories(traj, config.max_new_tokens)
     score = jax.jit(lambda m, b: policy_logprobs(m, b, 0.5)[0])
@@ -153,10 +160,10 @@ def test_answer_temperature_starts_after_answer_open_and_the_update_recomputes_i
     assert not np.allclose(np.asarray(score(model, batch.replace(temperatures=None)))[lm], old, atol=1e-3)
 
 
-def test_the_update_scores_hot_answers_at_their_temperature(setup, hot_answers):
+def test_the_update_scores_hot_moves_at_their_temperature(setup, hot_moves):
     """One GRPO minibatch over the whole batch: its log-probs before the step equal the sampled
     ones (approx KL 0), which needs the batch's per-token temperatures in the actor loss."""
-    model, config, traj = hot_answers
+    model, config, traj = hot_moves
     traj = rewarded(traj, np.tile([0.0, 1.0, 2.0, 3.0], 4))
     one = trainer(setup, config, name="grpo", mini_batch_size=config.batch, filter=FilterConfig(strategy="none"))
     _, metrics = one.update(one.init_state(jax.random.key(0), model), traj, jax.random.key(1))

@@ -184,6 +184,18 @@ def test_filter_logits_matches_numpy(temperature, top_k, top_p):
     np.testing.assert_allclose(got[~np.isinf(got)], want[~np.isinf(want)], rtol=1e-6)
 
 
+def test_kth_largest_matches_a_sort_with_ties_and_minus_inf():
+    """The k-th largest, duplicates counted, for every k on both sides of SMALL_TOP_K (plain
+    reductions below it, XLA's top-k above)."""
+    rng = np.random.default_rng(9)
+    x = rng.integers(-3, 4, size=(5, 40)).astype(np.float32)  # many ties
+    x[1, :38] = -np.inf  # fewer finite entries than k
+    x[2] = rng.normal(size=40)
+    for k in (1, 2, 4, 7, sampling.SMALL_TOP_K, sampling.SMALL_TOP_K + 1, 40):
+        got = np.asarray(sampling._kth_largest(jnp.asarray(x), k))[:, 0]
+        np.testing.assert_array_equal(got, np.sort(x, axis=-1)[:, -k], err_msg=f"k={k}")
+
+
 @pytest.mark.parametrize("vocab", [6, 40, 211])
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8),
                                                      (0.8, 4, 0.95)])

@@ -150,15 +150,14 @@ class ModelPolicy(Policy):
     params: sampling.SamplingParams
     eos_ids: tuple[int, ...]
     stop_fn: Callable
+    action_params: sampling.SamplingParams | None = None  # where `action_fn` says an action starts
+    action_fn: Callable | None = None
 
     def init_cache(self, batch, length):
         return init_cache(self.model.cfg, batch, length)
 
     def prefill(self, cache, tokens, mask, offset, prev_logits):
         return sampling.prefill(self.model, cache, tokens, mask, offset, prev_logits)
-
-    action_params: sampling.SamplingParams | None = None  # where `action_fn` says an action starts
-    action_fn: Callable | None = None
 
     def decode(self, cache, logits, offset, key, done, turn):
         return sampling.decode(self.model, cache, logits, offset, key, num_steps=self.max_new_tokens,

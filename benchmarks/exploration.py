@@ -16,15 +16,16 @@ noise; a hotter sampling that breaks the answer's format teaches the format (doc
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import numpy as np
 
-from ragen_jax import config as config_lib
+import reproduce  # the tiny configs and their overrides, as every benchmark run loads them
+from ragen_jax.checkpoint import CheckpointError
+from ragen_jax.config import ConfigError
 from ragen_jax.experiment import load_initial_weights, make_experiment
 from ragen_jax.rollout import model_policy, rollout
-
-CONFIGS = {"sokoban": "configs/sokoban_tiny.py", "frozenlake": "configs/frozenlake_tiny.py"}
 
 
 def group_spread(success: np.ndarray, first_turn: np.ndarray, group_size: int) -> dict[str, float]:
@@ -41,23 +42,28 @@ def group_spread(success: np.ndarray, first_turn: np.ndarray, group_size: int) -
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", choices=sorted(CONFIGS), required=True)
+    p.add_argument("--env", choices=sorted(reproduce.CONFIGS), required=True)
     p.add_argument("--workdir", default="", help="a training run: its latest checkpoint's policy")
     p.add_argument("--groups", type=int, default=64)
     p.add_argument("--keys", type=int, default=4, help="rollouts (keys 100, 101, ...) averaged over")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=lambda s: s.split("=", 1),
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config override, e.g. rollout.action_temperature=2")
     args = p.parse_args(argv)
     for flag in ("groups", "keys"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag}={getattr(args, flag)} must be >= 1")
+    if bad := [kv for kv in args.set if "=" not in kv]:
+        p.error(f"--set {bad[0]!r}: expected KEY=VALUE")
 
-    config = config_lib.load_config_file(CONFIGS[args.env])
-    config = config_lib.apply_overrides(config, {"rollout.num_groups": str(args.groups), "mesh.data": "1",
-                                                 **dict(args.set)})
-    exp = make_experiment(config)
-    if args.workdir:
-        load_initial_weights(exp.model, args.workdir)
+    try:
+        exp = make_experiment(reproduce.run_config(args.env, 0, {"rollout.num_groups": str(args.groups),
+                                                                 "mesh.data": "1",
+                                                                 **dict(kv.split("=", 1) for kv in args.set)}))
+        if args.workdir:
+            load_initial_weights(exp.model, args.workdir)
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     rc = exp.run.step.rollout
     play = jax.jit(lambda k: rollout(k, model_policy(exp.model, exp.codec, exp.prompt, rc), exp.env,
                                      exp.env_params, exp.codec, exp.prompt, rc))

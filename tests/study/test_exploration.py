@@ -34,3 +34,14 @@ def test_bad_counts_give_one_line(flag):
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1] == f"exploration.py: error: {flag}=0 must be >= 1"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--set", "rollout.nope=1"], "error: unknown config key 'rollout.nope'"),
+    (["--set", "rollout.temperature"], "exploration.py: error: --set 'rollout.temperature': expected KEY=VALUE"),
+])
+def test_bad_overrides_give_one_line(args, line):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "exploration.py"), "--env", "frozenlake", *args],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-500:]

@@ -11,6 +11,7 @@ those validate their own ranges).
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -206,7 +207,9 @@ def split_overrides(items: list[str], error) -> dict[str, str]:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
-    """`{"algo.name": "grpo", ...}` (strings from the command line) into the config."""
+    """A copy of `config` with `{"algo.name": "grpo", ...}` (strings from the command line)
+    applied; `config` itself is left as it was, so one loaded config can seed several runs."""
+    config = copy.deepcopy(config)
     for name, text in overrides.items():
         node, parts = config, name.split(".")
         for i, part in enumerate(parts):

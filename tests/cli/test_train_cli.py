@@ -253,14 +253,16 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     spec.loader.exec_module(reproduce)
     study = config_lib.apply_overrides(config, reproduce.STUDY_BASE)
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
+    assert config.algo.adam_eps == pytest.approx(1e-3)  # overrides apply to a copy
 
 
 def test_action_temperature_reaches_the_rollout_and_not_validation():
     from ragen_jax import config as config_lib
     from ragen_jax.evaluation import EvalConfig
 
-    def answer(overrides):  # (apply_overrides changes the config it is given)
-        config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+    config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
+
+    def answer(overrides):
         return config_lib.build(config_lib.apply_overrides(config, overrides), 1).step.rollout
 
     assert answer({}).action_sampling is None  # -1: the rollout temperature for every token

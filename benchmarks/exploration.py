@@ -52,13 +52,12 @@ def main(argv=None) -> None:
     for flag in ("groups", "keys"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag}={getattr(args, flag)} must be >= 1")
-    if bad := [kv for kv in args.set if "=" not in kv]:
-        p.error(f"--set {bad[0]!r}: expected KEY=VALUE")
+    overrides = reproduce.set_overrides(args.set, p.error)
 
     try:
         exp = make_experiment(reproduce.run_config(args.env, 0, {"rollout.num_groups": str(args.groups),
                                                                  "mesh.data": "1",
-                                                                 **dict(kv.split("=", 1) for kv in args.set)}))
+                                                                 **overrides}))
         if args.workdir:
             load_initial_weights(exp.model, args.workdir)
     except (ConfigError, CheckpointError) as err:

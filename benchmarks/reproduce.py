@@ -57,6 +57,15 @@ def run_config(env: str, seed: int, overrides: dict[str, str]):
                                                "logging.tensorboard": "false", **overrides})
 
 
+def set_overrides(items: list[str], error) -> dict[str, str]:
+    """The `--set KEY=VALUE` items of a benchmark command -> {KEY: VALUE}; an item without "="
+    goes to `error` (an argparse parser's: one line, exit 2)."""
+    for item in items:
+        if "=" not in item:
+            error(f"--set {item!r}: expected KEY=VALUE")
+    return dict(item.split("=", 1) for item in items)
+
+
 def finished(workdir: Path, steps: int) -> bool:
     path = workdir / "metrics.jsonl"
     if not path.exists():
@@ -120,7 +129,7 @@ def learn(args) -> None:
     for seed in args.seeds:
         workdir = args.out / args.env / f"seed{seed}"
         overrides = {**validation_overrides(args), **({"train.steps": str(args.steps)} if args.steps else {}),
-                     **dict(args.set)}
+                     **args.set}
         config = run_config(args.env, seed, overrides)
         record_start(workdir / "start_validation.json", config)
         train_one(config, workdir, config.train.steps)
@@ -130,7 +139,7 @@ def study(args) -> None:
     """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on;
     first the initial policy's validation (the same levels and samples for every arm and seed)."""
     record_start(args.out / args.env / "start_validation.json",
-                 run_config(args.env, 0, {**STUDY_BASE, **validation_overrides(args), **dict(args.set)}))
+                 run_config(args.env, 0, {**STUDY_BASE, **validation_overrides(args), **args.set}))
     for seed in args.seeds:
         for filter_name in args.filters:
             for algo in args.algos:
@@ -141,7 +150,7 @@ def study(args) -> None:
                              **validation_overrides(args), "grad_buckets": str(args.grad_buckets),
                              "early_stop.val_patience": "0", "early_stop.empty_batches": "0",
                              "early_stop.reward_std_collapse": "0",
-                             **dict(args.set)}
+                             **args.set}
                 train_one(run_config(args.env, seed, overrides), workdir, args.steps)
 
 
@@ -156,7 +165,7 @@ def ceiling(args) -> None:
     from ragen_jax.evaluation import EvalConfig
     from ragen_jax.experiment import make_experiment
 
-    config = run_config(args.env, 0, dict(args.set))
+    config = run_config(args.env, 0, args.set)
     exp = make_experiment(config)
     eval_config = EvalConfig(num_envs=args.eval_episodes, seed=config.eval.seed)
     rollout_config = eval_config.rollout_config(exp.run.step.rollout)
@@ -334,7 +343,7 @@ def main(argv=None) -> int:
         p.add_argument("--eval-episodes", type=int, default=None if name == "learn" else 128)
         p.add_argument("--eval-samples", type=int, default=None if name == "learn" else 2,
                        help="samples per validation level (success is over all of them; pass@k too)")
-        p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
+        p.add_argument("--set", action="append", default=[],
                        metavar="KEY=VALUE", help="any other config override, e.g. rollout.num_groups=2")
         if name == "study":
             p.add_argument("--filters", nargs="+", choices=sorted(FILTERS), default=["top_p", "top_k", "none"])
@@ -343,7 +352,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("ceiling")
     p.add_argument("--env", choices=sorted(CONFIGS), required=True)
     p.add_argument("--eval-episodes", type=int, default=128)
-    p.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)),
+    p.add_argument("--set", action="append", default=[],
                    metavar="KEY=VALUE", help="any other config override, e.g. rollout.max_turns=5")
     p = sub.add_parser("report")
     p.add_argument("--out", type=Path, required=True)
@@ -353,6 +362,8 @@ def main(argv=None) -> int:
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
+    if hasattr(args, "set"):
+        args.set = set_overrides(args.set, parser.error)
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 

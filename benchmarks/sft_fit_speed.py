@@ -24,19 +24,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", choices=("sokoban", "frozenlake"), default="frozenlake")
     parser.add_argument("--episodes", type=int, default=256)
-    parser.add_argument("--set", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+
+    import reproduce
+
+    overrides = reproduce.set_overrides(args.set, parser.error)
 
     import jax
     import numpy as np
 
-    import reproduce
     from ragen_jax import sft
     from ragen_jax.batch import batch_from_trajectories, compact
     from ragen_jax.experiment import make_experiment
     from ragen_jax.models.qwen2 import Qwen2Config, init_model
 
-    config = reproduce.run_config(args.env, 0, {"model.init": "", **dict(args.set)})
+    config = reproduce.run_config(args.env, 0, {"model.init": "", **overrides})
     exp = make_experiment(config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=args.episodes, group_size=1)
     data = sft.demonstrations(jax.random.key(0), exp.env, sft.deterministic(exp.env, exp.env_params), exp.codec,

@@ -1,9 +1,13 @@
-"""Test-session setup: 8 fake CPU devices so sharding tests run in the same process."""
+"""Test-session setup: 8 fake CPU devices so sharding tests run in the same process, fast
+XLA compiles, a shared compilation cache, deterministic property tests."""
 
 import os
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from xla_flags import session_flags
+
+# 8 fake devices, and fast compiles (tests/xla_flags.py says why)
+os.environ.setdefault("XLA_FLAGS", session_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One XLA compilation cache per test session, inherited by subprocesses: the command-line and
 # notebook tests start fresh Python processes that would compile the same train step again.

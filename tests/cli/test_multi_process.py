@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from xla_flags import flags_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "sokoban_tiny.py")
@@ -25,7 +26,7 @@ ARGS = ["--config", CONFIG, f"--config.train.steps={STEPS}", "--config.rollout.n
 
 
 def environment(devices: int) -> dict:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": flags_for(devices), "JAX_PLATFORMS": "cpu"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 

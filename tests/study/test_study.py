@@ -151,9 +151,18 @@ def test_reproduce_study_smoke(tmp_path):
     assert (tmp_path / "fig" / "study_sokoban.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("flag", ["--eval-samples", "--eval-episodes"])
-def test_reproduce_rejects_zero_validation_in_one_line(flag):
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), "learn", "--env", "sokoban",
-                          "--out", "unused", flag, "0"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+@pytest.mark.parametrize("script, args, line", [
+    ("reproduce.py", ["learn", "--env", "sokoban", "--out", "unused", "--eval-samples", "0"],
+     "reproduce.py: error: --eval-samples=0 must be >= 1"),
+    ("reproduce.py", ["learn", "--env", "sokoban", "--out", "unused", "--eval-episodes", "0"],
+     "reproduce.py: error: --eval-episodes=0 must be >= 1"),
+    ("reproduce.py", ["learn", "--env", "sokoban", "--out", "unused", "--set", "rollout.num_groups"],
+     "reproduce.py: error: --set 'rollout.num_groups': expected KEY=VALUE"),
+    ("sft_fit_speed.py", ["--set", "rollout.max_turns"],
+     "sft_fit_speed.py: error: --set 'rollout.max_turns': expected KEY=VALUE"),
+])
+def test_benchmark_scripts_reject_bad_arguments_in_one_line(script, args, line):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1] == f"reproduce.py: error: {flag}=0 must be >= 1"
+    assert run.stderr.strip().splitlines()[-1] == line, run.stderr[-500:]

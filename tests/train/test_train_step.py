@@ -250,6 +250,21 @@ def test_micro_batches_accumulate_to_the_minibatch_update(setup, trajectories):
         np.testing.assert_allclose(float(ma[name]), float(mb[name]), rtol=1e-4, err_msg=name)
 
 
+def test_micro_batches_of_padding_only_are_skipped(setup, trajectories):
+    """Top-p keeps groups 0 and 2 (8 rows) of a 16-row minibatch: with micro-batches of 4, the
+    last two hold only padding and are not run, and the update equals the whole minibatch's."""
+    model = setup[-1]
+    whole = trainer(setup, name="grpo", mini_batch_size=16)
+    micro = trainer(setup, name="grpo", mini_batch_size=16, micro_batch_size=4)
+    a, ma = whole.update(whole.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    b, mb = micro.update(micro.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    assert float(ma["update/kept_rows"]) == 8 and float(mb["update/kept_rows"]) == 8
+    assert float(ma["update/micro_batches"]) == 1 and float(mb["update/micro_batches"]) == 2
+    np.testing.assert_allclose(params_of(a), params_of(b), atol=5e-5)
+    for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):  # the GRPO loss is ~1e-7 here
+        np.testing.assert_allclose(float(ma[name]), float(mb[name]), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_kl_to_the_reference_grows_as_the_policy_moves(setup, trajectories):
     model = setup[-1]
     tr = trainer(setup, name="grpo", kl_coef=0.1, kl_estimator="k3")

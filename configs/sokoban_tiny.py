@@ -2,10 +2,10 @@
 
 32 groups × 4 trajectories, 3 turns of up to 48 tokens, GRPO without an entropy bonus on
 rollouts at T 0.5 with Top-p 0.9 reward-variance filtering, MI diagnostics every 10 steps,
-validation on 128 levels × 8 samples every 25 steps (`ragen_jax.config.tiny_cpu_config`),
+validation on 128 levels × 8 samples every 50 steps (`ragen_jax.config.tiny_cpu_config`),
 starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see README). The
-140 steps take about 17 minutes on a 2-core CPU and raise validation success from 0.330 by
-+7.7 to +10.0 points (3 seeds, docs/results.md §12)."""
+300 steps take about 12 minutes on a 2-core CPU and raise validation success from 0.330 to
+0.43 (+10.2 / +9.7 / +10.4 points over 3 seeds, docs/results.md §22)."""
 
 from ragen_jax.config import tiny_cpu_config
 

@@ -101,15 +101,14 @@ def default_config() -> ml_collections.ConfigDict:
 
 def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.ConfigDict:
     """The built-in tiny model on `env_name`, sized for a laptop CPU and set to learn from the
-    shipped warm starts within ~20 minutes (docs/results.md §5–§12): GRPO (no critic to fit
-    first) without an entropy bonus, 32 groups × 4, rollouts at the validation temperature 0.5,
-    a format penalty of −1.0 (at −0.1 a broken answer costs less than a useless move, and
+    shipped warm starts within ~20 minutes (docs/results.md §5–§12, §22): GRPO (no critic to
+    fit first) without an entropy bonus, 32 groups × 4, rollouts at the validation temperature
+    0.5, a format penalty of −1.0 (at −0.1 a broken answer costs less than a useless move, and
     group-relative advantages slowly reward breaking the format), one Adam step per 64 rows
-    (in micro-batches of 8),
-    140 steps; 3 turns of up to 48 tokens; Top-p 0.9 on reward std and MI diagnostics every 10
-    steps; validation on 128 levels × 8 samples every 25 steps (one sample per level has a
-    standard error of ≈ 0.04). `warm_start`: initial weights (`model.init`), e.g. a shipped
-    `builtin:<name>`."""
+    (in micro-batches of 8, ≈ 2 s a step), 300 steps; 3 turns of up to 48 tokens; Top-p 0.9 on
+    reward std and MI diagnostics every 10 steps; validation on 128 levels × 8 samples every 50
+    steps (one sample per level has a standard error of ≈ 0.04). `warm_start`: initial weights
+    (`model.init`), e.g. a shipped `builtin:<name>`."""
     c = default_config()
     c.env.name = env_name
     c.model.update(preset="tiny", init=warm_start)
@@ -120,7 +119,7 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
     c.algo.update(name="grpo", actor_lr=1e-4, critic_lr=3e-4, mini_batch_size=64, micro_batch_size=8,
                   entropy_coef=0.0)
     c.diagnostics.update(compute_freq=10, num_samples=16, per_turn_samples=8, answer_tokens=16)
-    c.train.update(steps=140, save_every=25, val_every=25)
+    c.train.update(steps=300, save_every=25, val_every=50)
     c.eval.update(num_envs=128, samples_per_env=8)
     return c
 

@@ -160,6 +160,9 @@ def test_reproduce_study_smoke(tmp_path):
      "reproduce.py: error: --set 'rollout.num_groups': expected KEY=VALUE"),
     ("sft_fit_speed.py", ["--set", "rollout.max_turns"],
      "sft_fit_speed.py: error: --set 'rollout.max_turns': expected KEY=VALUE"),
+    ("step_time.py", ["--steps", "0"], "step_time.py: error: --steps=0 must be >= 1"),
+    ("step_time.py", ["--set", "algo.micro_batch_size"],
+     "step_time.py: error: --set 'algo.micro_batch_size': expected KEY=VALUE"),
 ])
 def test_benchmark_scripts_reject_bad_arguments_in_one_line(script, args, line):
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],

@@ -1,0 +1,80 @@
+"""Seconds per train step of a config, and of its rollout alone: where a step's time goes.
+
+    python benchmarks/step_time.py --config configs/sokoban_tiny.py [--steps 8] [--set algo.micro_batch_size=8 ...]
+
+One process, one setting: the rollout alone (jitted, best and median of 3 calls after a
+warm-up), then the whole train step, printed step by step after a warm-up step (step 1 also
+compiles and runs the diagnostics) with the rows the filter kept and the forward/backward
+passes the update ran. Compare settings in separate runs on a quiet machine; the same seed
+gives the same rollouts and kept rows in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "sokoban_tiny.py"))
+    parser.add_argument("--steps", type=int, default=8, help="timed steps after the warm-up step")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} must be >= 1")
+
+    import reproduce
+
+    overrides = reproduce.set_overrides(args.set, parser.error)
+
+    import jax
+    from flax import nnx
+
+    from ragen_jax import config as config_lib
+    from ragen_jax.experiment import make_experiment
+    from ragen_jax.rollout import model_policy, rollout
+
+    try:
+        config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
+        exp = make_experiment(config)
+        trainer = exp.trainer()
+    except (config_lib.ConfigError, ValueError) as err:
+        parser.error(str(err).splitlines()[0])
+    state = trainer.init_state(jax.random.key(config.seed), exp.model)
+    rcfg = trainer.config.rollout
+
+    @jax.jit
+    def rollout_only(policy_state, key, codec, prompt):
+        policy = nnx.merge(trainer.policy_graph, policy_state)
+        return rollout(key, model_policy(policy, codec, prompt, rcfg), trainer.env, trainer.env_params,
+                       codec, prompt, rcfg)
+
+    jax.block_until_ready(rollout_only(state.policy, jax.random.key(1), exp.codec, exp.prompt))
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(rollout_only(state.policy, jax.random.key(1), exp.codec, exp.prompt))
+        times.append(time.perf_counter() - start)
+    print(f"rollout alone: best {min(times):.2f} s, median {statistics.median(times):.2f} s")
+
+    state, metrics = trainer.step(state)  # compile + step 1 (diagnostics run at step 1)
+    jax.block_until_ready(metrics)
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        state, metrics = trainer.step(state)
+        jax.block_until_ready(metrics)
+        print(f"step {int(state.step):3d}: {time.perf_counter() - start:5.2f} s  kept rows "
+              f"{float(metrics['update/kept_rows']):4.0f}  minibatches {float(metrics['update/minibatches']):.0f}  "
+              f"forward/backward passes {float(metrics['update/micro_batches']):.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,7 +45,7 @@ class AlgoConfig:
     adam_eps: float = 1e-8  # Adam's denominator floor: parameters whose gradient RMS is below it move less than lr
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
-    micro_batch_size: int = 0  # trajectories per forward/backward (0: the whole minibatch)
+    micro_batch_size: int = 0  # trajectories per forward/backward (0, or >= the minibatch: all of it)
     epochs: int = 1
 
     @classmethod
@@ -82,7 +82,7 @@ class AlgoConfig:
                 f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1 and "
                 f"algo.micro_batch_size={self.micro_batch_size} >= 0"
             )
-        if self.micro_batch_size and self.mini_batch_size % self.micro_batch_size:
+        if self.mini_batch_size % self.micro_batch:
             raise ValueError(
                 f"algo.micro_batch_size={self.micro_batch_size} must divide algo.mini_batch_size={self.mini_batch_size}"
             )
@@ -105,7 +105,10 @@ class AlgoConfig:
 
     @property
     def micro_batch(self) -> int:
-        return self.micro_batch_size or self.mini_batch_size
+        """Rows per forward/backward: `micro_batch_size`, or the whole minibatch when it is 0 or
+        at least the minibatch (a config's micro-batches stay valid when a smaller minibatch is
+        set on the command line)."""
+        return min(self.micro_batch_size, self.mini_batch_size) or self.mini_batch_size
 
     def check_batch(self, batch: int, group_size: int) -> None:
         """The rollout batch must split into whole minibatches; group baselines need groups."""

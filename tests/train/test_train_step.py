@@ -307,6 +307,13 @@ def test_invalid_settings_name_the_key(make, message):
         make()
 
 
+def test_a_micro_batch_at_least_the_minibatch_means_the_whole_minibatch():
+    """The tiny configs' micro-batches of 8 stay valid when a smaller minibatch is set."""
+    assert AlgoConfig.preset("grpo", mini_batch_size=4, micro_batch_size=8).micro_batch == 4
+    assert AlgoConfig.preset("grpo", mini_batch_size=64, micro_batch_size=8).micro_batch == 8
+    assert AlgoConfig.preset("grpo", mini_batch_size=64, micro_batch_size=0).micro_batch == 64
+
+
 def test_lr_warmup_scales_the_first_updates_linearly():
     """With lr_warmup=4 the k-th update (k = 0, 1, ...) is k/4 of the constant-rate one on the
     same gradients (Adam's moments do not depend on the rate); from update 4 on they agree."""

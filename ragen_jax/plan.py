@@ -51,12 +51,20 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
     return tuple(int(g) for g in match.groups())
 
 
+def with_device_count(flags: str, count: int | None) -> str:
+    """XLA_FLAGS `flags` with `count` fake CPU devices instead of any count they had (None:
+    no count, i.e. jax's one device); every other flag kept."""
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags).split()
+    if count is not None:
+        flags.append(f"--xla_force_host_platform_device_count={count}")
+    return " ".join(flags)
+
+
 def use_fake_devices(count: int) -> None:
     """Before jax is imported: `count` CPU devices. Afterwards jax keeps what it has."""
     if "jax" in sys.modules:
         return
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), count)
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 

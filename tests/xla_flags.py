@@ -6,10 +6,8 @@ NumPy / PyTorch within float tolerances), so they run at backend optimisation le
 training run keeps XLA's default."""
 
 import os
-import re
 
 FAST_COMPILE = "--xla_backend_optimization_level=0"
-DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\d+")
 
 
 def session_flags(devices: int = 8) -> str:
@@ -20,7 +18,6 @@ def session_flags(devices: int = 8) -> str:
 def flags_for(devices: int | None) -> str:
     """This session's XLA_FLAGS for a child process with `devices` fake CPU devices (None:
     jax's default of one), everything else (fast compiles) kept."""
-    flags = DEVICE_COUNT.sub("", os.environ.get("XLA_FLAGS", "")).split()
-    if devices is not None:
-        flags.append(f"--xla_force_host_platform_device_count={devices}")
-    return " ".join(flags)
+    from ragen_jax.plan import with_device_count
+
+    return with_device_count(os.environ.get("XLA_FLAGS", ""), devices)

@@ -367,7 +367,34 @@ class MLP(nnx.Module):
         self.down_proj = Linear(cfg, rngs, i, d, (TENSOR, FSDP))
 
     def __call__(self, x):
+        rows = math.prod(x.shape[:-1])
+        chunk = mlp_row_chunk(rows, self.down_proj.kernel.shape[0])
+        if chunk == rows:
+            return self._apply(x)
+        # One chunk of rows at a time keeps the [rows, intermediate] activations in the CPU's
+        # caches: a 64 x 128-token prefill 15-40% faster (docs/benchmarks.md). Padded rows
+        # are computed and dropped.
+        flat = x.reshape(rows, x.shape[-1])
+        pad = (-rows) % chunk
+        flat = jnp.pad(flat, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[-1])
+        out = jax.lax.map(self._apply, flat).reshape(rows + pad, -1)[:rows]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _apply(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+MLP_CHUNK_FLOATS = 1 << 20  # 4 MB of f32 intermediate activations per chunk (see mlp_row_chunk)
+
+
+def mlp_row_chunk(rows: int, intermediate: int) -> int:
+    """Rows per MLP chunk: all of them, except on CPU when the [rows, intermediate] activation
+    exceeds MLP_CHUNK_FLOATS; then the largest power of two (at least 16) that keeps a chunk's
+    activation within it. Accelerators keep one large matmul."""
+    if jax.default_backend() != "cpu" or rows * intermediate <= MLP_CHUNK_FLOATS:
+        return rows
+    chunk = 1 << max(4, (MLP_CHUNK_FLOATS // intermediate).bit_length() - 1)
+    return min(chunk, rows)
 
 
 class Block(nnx.Module):

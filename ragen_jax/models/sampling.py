@@ -205,7 +205,9 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     # the last valid slot (0 for a row without one): a max, not an argmax of the reversed mask,
     # which XLA spends seconds constant-folding when the mask is a constant (the system prompt)
     last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1]), 0), axis=1)
-    hidden, cache = model(tokens, positions, mask, cache, offset, query=last, query_block=query_block)
+    rope = rope_tables(model.cfg, jnp.arange(cache.length)[None])  # a position is below its slot
+    hidden, cache = model(tokens, positions, mask, cache, offset, query=last, rope=rope,
+                          query_block=query_block)
     logits = model.logits(hidden[:, 0])
     if prev_logits is not None:
         logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)

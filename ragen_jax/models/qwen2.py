@@ -317,9 +317,50 @@ class Attention(nnx.Module):
             stop = min(start + block, t)
             keys = slots if block == t else min(offset + stop, slots)
             ks = k[..., :keys] if layered else k[:, :, :keys]
-            outs.append(_attend(q[:, start:stop], ks, v[..., :keys, :], attn_mask[:, start:stop, :keys], kvh, layered))
+            args = (q[:, start:stop], ks, v[..., :keys, :], attn_mask[:, start:stop, :keys])
+            if layered or cache is None:
+                outs.append(_attend(*args, kvh, layered))
+            else:  # prefill: the [rows, heads x queries x keys] scores in cache-sized pieces
+                chunk = row_chunk(b, cfg.num_heads * (stop - start) * keys)
+                outs.append(in_row_chunks(lambda *a: _attend(*a, kvh), chunk, *args))
         out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
+
+
+CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
+
+
+def chunks_apply() -> bool:
+    """Row chunks are for a single CPU device: accelerators keep one large kernel, and on a mesh
+    a loop over the rows of a sharded batch puts collectives inside it (8 fake CPU devices
+    deadlocked in them)."""
+    return jax.default_backend() == "cpu" and jax.device_count() == 1
+
+
+def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
+    """Rows per chunk for `in_row_chunks`: all of them, except where `chunks_apply` and the
+    rows' activations exceed CHUNK_FLOATS; then as few equal chunks as keep each within it (or
+    at `minimum` rows)."""
+    if not chunks_apply() or rows * floats_per_row <= CHUNK_FLOATS:
+        return rows
+    pieces = -(-rows // max(minimum, CHUNK_FLOATS // floats_per_row))
+    return -(-rows // pieces)  # equal chunks: the least padding
+
+
+def in_row_chunks(fn, chunk: int, *arrays: jax.Array) -> jax.Array:
+    """fn(*arrays), computed `chunk` rows (leading axis) at a time in a loop; the last chunk is
+    padded with zeros and its padding dropped. On CPU a chunk's activations then stay in the
+    caches: the MLP of a 64 x 128-token prefill and a 128-query attention block run 2-4x
+    faster than in one piece (docs/benchmarks.md). Used when filling a KV cache only: the
+    backward pass of the loop is slower than the one-piece one (a training forward keeps it)."""
+    rows = arrays[0].shape[0]
+    if chunk >= rows:
+        return fn(*arrays)
+    pad = (-rows) % chunk
+    pieces = [jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, chunk, *a.shape[1:])
+              for a in arrays]
+    out = jax.lax.map(lambda xs: fn(*xs), pieces)
+    return out.reshape(rows + pad, *out.shape[2:])[:rows]
 
 
 def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -366,35 +407,18 @@ class MLP(nnx.Module):
         self.up_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
         self.down_proj = Linear(cfg, rngs, i, d, (TENSOR, FSDP))
 
-    def __call__(self, x):
-        rows = math.prod(x.shape[:-1])
-        chunk = mlp_row_chunk(rows, self.down_proj.kernel.shape[0])
-        if chunk == rows:
+    def __call__(self, x, in_chunks: bool = False):
+        """`in_chunks`: the [rows, intermediate] activations in cache-sized pieces (see
+        in_row_chunks)."""
+        if not in_chunks:
             return self._apply(x)
-        # One chunk of rows at a time keeps the [rows, intermediate] activations in the CPU's
-        # caches: a 64 x 128-token prefill 15-40% faster (docs/benchmarks.md). Padded rows
-        # are computed and dropped.
-        flat = x.reshape(rows, x.shape[-1])
-        pad = (-rows) % chunk
-        flat = jnp.pad(flat, ((0, pad), (0, 0))).reshape(-1, chunk, x.shape[-1])
-        out = jax.lax.map(self._apply, flat).reshape(rows + pad, -1)[:rows]
+        flat = x.reshape(-1, x.shape[-1])
+        chunk = row_chunk(flat.shape[0], self.down_proj.kernel.shape[0], minimum=16)
+        out = in_row_chunks(self._apply, chunk, flat)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def _apply(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-MLP_CHUNK_FLOATS = 1 << 20  # 4 MB of f32 intermediate activations per chunk (see mlp_row_chunk)
-
-
-def mlp_row_chunk(rows: int, intermediate: int) -> int:
-    """Rows per MLP chunk: all of them, except on CPU when the [rows, intermediate] activation
-    exceeds MLP_CHUNK_FLOATS; then the largest power of two (at least 16) that keeps a chunk's
-    activation within it. Accelerators keep one large matmul."""
-    if jax.default_backend() != "cpu" or rows * intermediate <= MLP_CHUNK_FLOATS:
-        return rows
-    chunk = 1 << max(4, (MLP_CHUNK_FLOATS // intermediate).bit_length() - 1)
-    return min(chunk, rows)
 
 
 class Block(nnx.Module):
@@ -408,7 +432,7 @@ class Block(nnx.Module):
         attn, cache = self.self_attn(self.input_layernorm(h), cos, sin, attn_mask, cache, layer, offset, query,
                                      query_block)
         h = (h if query is None else _pick(h, query)) + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), cache
+        return h + self.mlp(self.post_attention_layernorm(h), in_chunks=cache is not None), cache
 
 
 class Qwen2(nnx.Module):

@@ -123,34 +123,6 @@ def test_remat_keeps_values_and_gradients(hf_models, batch):
     assert float(jnp.abs(jax.tree.leaves(g1)[0]).max()) > 0
 
 
-def test_mlp_in_row_chunks_keeps_logits_and_gradients(hf_models, batch, monkeypatch):
-    """On CPU a large MLP input runs in row chunks (`mlp_row_chunk`); forced here on the test
-    batch (52 rows in chunks of 16, the last one padded): transformers' logits, and the
-    gradients of the one-piece MLP."""
-    from ragen_jax.models import qwen2
-
-    torch_model, path = hf_models["tied"]
-    model = hf.load_pretrained(path)
-    ids, mask = batch
-    ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
-    pos = positions_from_mask(mask_j)
-
-    def loss(m):
-        hidden, _ = m(ids_j, pos, mask_j)
-        return jnp.mean(m.logits(hidden)[..., 5] * mask_j)
-
-    whole = nnx.grad(loss)(model)
-    monkeypatch.setattr(qwen2, "MLP_CHUNK_FLOATS", 16 * model.cfg.intermediate_size)
-    assert qwen2.mlp_row_chunk(ids.size, model.cfg.intermediate_size) == 16
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    got = ours_logits(model, ids, mask)
-    assert np.abs(got - hf_logits(torch_model, ids, mask, positions))[mask].max() <= TOL
-    chunked = nnx.grad(loss)(model)
-    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
-    assert qwen2.mlp_row_chunk(16, model.cfg.intermediate_size) == 16  # small inputs stay whole
-
-
 @pytest.mark.parametrize("rope", [
     {"rope_type": "linear", "rope_theta": 5000.0, "factor": 3.0},
     {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},

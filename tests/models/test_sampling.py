@@ -136,6 +136,45 @@ def test_chunked_prefill_with_holes_equals_compacted(untied):
         np.testing.assert_allclose(np.asarray(out.logprobs[b]), np.asarray(ref.logprobs[0]), atol=1e-5)
 
 
+def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
+    """Filling a KV cache on one CPU device runs the MLP and each attention block in row chunks
+    (`qwen2.in_row_chunks`) when their activations exceed CHUNK_FLOATS; forced here on 5
+    sequences with padding and holes (MLP chunks of 14 rows, attention chunks of 2 sequences,
+    each with a padded last chunk): transformers' next-token logits, and the one-piece
+    prefill's cache."""
+    from hf_reference import hf_logits
+
+    from ragen_jax.models import qwen2
+
+    torch_model, model = untied
+    rng = np.random.default_rng(3)
+    ids = rng.integers(3, VOCAB, size=(5, 11)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, 8:] = False
+    mask[2, :3] = False
+    mask[4, [2, 5]] = False
+
+    def prefill():  # a new function each time: traced afresh with the current CHUNK_FLOATS
+        run = jax.jit(lambda m, c, t, k: sampling.prefill(m, c, t, k, 0))
+        return run(model, init_cache(model.cfg, 5, 16), jnp.asarray(ids), jnp.asarray(mask))
+
+    whole_cache, whole_logits = prefill()
+    scores_per_row = model.cfg.num_heads * 11 * 11
+    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * scores_per_row)
+    monkeypatch.setattr(qwen2, "chunks_apply", lambda: True)  # the suite has 8 fake devices
+    assert qwen2.row_chunk(ids.size, model.cfg.intermediate_size, minimum=16) == 14
+    assert qwen2.row_chunk(5, scores_per_row) == 2
+    assert qwen2.row_chunk(2, scores_per_row) == 2  # small inputs stay whole
+    cache, logits = prefill()
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
+    last = np.array([np.flatnonzero(row).max() for row in mask])
+    ref = hf_logits(torch_model, ids, mask, positions)[np.arange(5), last]
+    assert np.abs(np.asarray(logits) - ref).max() <= 1e-4
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(whole_logits), atol=1e-5)
+    for a, b in ((cache.k, whole_cache.k), (cache.v, whole_cache.v)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_stop_condition_and_holes_after_stop(untied, prompts, greedy_ours):
     model = untied[1]
     ids, mask = prompts

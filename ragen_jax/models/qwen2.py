@@ -321,8 +321,8 @@ class Attention(nnx.Module):
             if layered or cache is None:
                 outs.append(_attend(*args, kvh, layered))
             else:  # prefill: the [rows, heads x queries x keys] scores in cache-sized pieces
-                chunk = row_chunk(b, cfg.num_heads * (stop - start) * keys)
-                outs.append(in_row_chunks(lambda *a: _attend(*a, kvh), chunk, *args))
+                scores_per_row = cfg.num_heads * (stop - start) * keys
+                outs.append(in_row_chunks(lambda *a: _attend(*a, kvh), scores_per_row, *args))
         out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
 
@@ -347,13 +347,15 @@ def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
     return -(-rows // pieces)  # equal chunks: the least padding
 
 
-def in_row_chunks(fn, chunk: int, *arrays: jax.Array) -> jax.Array:
-    """fn(*arrays), computed `chunk` rows (leading axis) at a time in a loop; the last chunk is
-    padded with zeros and its padding dropped. On CPU a chunk's activations then stay in the
-    caches: the MLP of a 64 x 128-token prefill and a 128-query attention block run 2-4x
-    faster than in one piece (docs/benchmarks.md). Used when filling a KV cache only: the
-    backward pass of the loop is slower than the one-piece one (a training forward keeps it)."""
+def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1) -> jax.Array:
+    """fn(*arrays), computed `row_chunk(rows, floats_per_row, minimum)` rows (leading axis) at a
+    time in a loop; the last chunk is padded with zeros and its padding dropped. On CPU a
+    chunk's activations then stay in the caches: the MLP of a 64 x 128-token prefill and a
+    128-query attention block run 2-4x faster than in one piece (docs/benchmarks.md). Used when
+    filling a KV cache only: the backward pass of the loop is slower than the one-piece one (a
+    training forward keeps it)."""
     rows = arrays[0].shape[0]
+    chunk = row_chunk(rows, floats_per_row, minimum)
     if chunk >= rows:
         return fn(*arrays)
     pad = (-rows) % chunk
@@ -413,8 +415,7 @@ class MLP(nnx.Module):
         if not in_chunks:
             return self._apply(x)
         flat = x.reshape(-1, x.shape[-1])
-        chunk = row_chunk(flat.shape[0], self.down_proj.kernel.shape[0], minimum=16)
-        out = in_row_chunks(self._apply, chunk, flat)
+        out = in_row_chunks(self._apply, self.down_proj.kernel.shape[0], flat, minimum=16)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def _apply(self, x):

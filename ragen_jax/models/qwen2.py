@@ -229,11 +229,18 @@ class KVCache:
         return (k[..., :end], v[:, :end]) if self.layered else (k[:, :, :end], v[:, :, :end])
 
 
-def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None) -> KVCache:
-    """An empty cache of `length` slots (every slot invalid)."""
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None, layered: bool = False) -> KVCache:
+    """An empty cache of `length` slots (every slot invalid). `layered`: already in the decode
+    loop's per-layer form, for a cache filled once at slot 0 and then only decoded into (what
+    `sampling.generate` does): no stacked copy to build and convert."""
     dtype = jnp.dtype(dtype or cfg.dtype)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool))
+    mask = jnp.zeros((batch, length), bool)
+    if layered:
+        rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
+        return KVCache(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
+                       tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), mask)
 
 
 def positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Array:
@@ -302,11 +309,15 @@ class Attention(nnx.Module):
             x, cos, sin, attn_mask = (_pick(a, query) for a in (x, cos, sin, attn_mask))
             t = 1
         q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
-        if cache is not None:  # write this chunk at `offset`, then attend over the whole buffer
+        own_keys = True  # the keys attended are this chunk's k, v as computed above
+        if cache is not None:  # write this chunk at `offset`, then attend over the buffer
             cache = cache.write(layer, k, v, offset)
-            # the key slots this call attends to (see Qwen2.__call__)
-            k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1]))
-        layered = cache is not None and cache.layered
+            own_keys = isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]
+            if own_keys:  # a chunk at slot 0 attends to exactly its own slots: no read back
+                k, v = (a.astype(cache.k[layer].dtype).astype(x.dtype) for a in (k, v))
+            else:  # the key slots this call attends to (see Qwen2.__call__)
+                k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1]))
+        layered = not own_keys and cache.layered
         # Causal attention never looks past the query's own slot: with a static offset, a block
         # of queries reads only the keys up to its last slot (half the score matrix on a long
         # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
@@ -347,13 +358,14 @@ def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
     return -(-rows // pieces)  # equal chunks: the least padding
 
 
-def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1) -> jax.Array:
+def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1):
     """fn(*arrays), computed `row_chunk(rows, floats_per_row, minimum)` rows (leading axis) at a
     time in a loop; the last chunk is padded with zeros and its padding dropped. On CPU a
     chunk's activations then stay in the caches: the MLP of a 64 x 128-token prefill and a
     128-query attention block run 2-4x faster than in one piece (docs/benchmarks.md). Used when
     filling a KV cache only: the backward pass of the loop is slower than the one-piece one (a
-    training forward keeps it)."""
+    training forward keeps it). fn may return a pytree whose leaves have a leading axis of any
+    whole multiple of the input rows (a per-layer cache has kv_heads rows per sequence)."""
     rows = arrays[0].shape[0]
     chunk = row_chunk(rows, floats_per_row, minimum)
     if chunk >= rows:
@@ -362,7 +374,7 @@ def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1)
     pieces = [jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, chunk, *a.shape[1:])
               for a in arrays]
     out = jax.lax.map(lambda xs: fn(*xs), pieces)
-    return out.reshape(rows + pad, *out.shape[2:])[:rows]
+    return jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:])[:o.shape[1] // chunk * rows], out)
 
 
 def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:

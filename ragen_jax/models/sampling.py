@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, KVCache, Qwen2, init_cache,
-                                    positions_from_mask, rope_tables)
+from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, KVCache, Qwen2, in_row_chunks,
+                                    init_cache, positions_from_mask, rope_tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +227,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     is true; later slots are written as holes. Rows with `done` set never start. The loop is
     a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
     cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
-    offset + num_steps when the offset is known statically.
+    offset + num_steps when the offset is known statically. A cache already in the per-layer
+    form (`init_cache(..., layered=True)`) is decoded into as it is, all of its slots read.
 
     `switch_fn(tokens, lengths)` (static, with `switch_params`) says after each token whether a
     sequence's next token is drawn with `switch_params` instead of `params` — the rollout draws
@@ -279,11 +280,12 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             switched = active & switch_fn(tokens, lengths)
         return i + 1, cache, out, switched
 
-    # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back.
-    work = cache.per_layer(key_limit)
+    # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back;
+    # a cache already in that form is used as it is.
+    work = cache if cache.layered else cache.per_layer(key_limit)
     rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
     _, work, out, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out, jnp.zeros((b,), bool)))
-    return work.merge_into(cache), out
+    return (work if cache.layered else work.merge_into(cache)), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",), static_argnames=("query_block",))
@@ -306,9 +308,15 @@ def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.A
              eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
              pad_id: int = 0) -> GenerateOutput:
     """Sample continuations of prompts [B, P] (any padding side; masked slots are holes)."""
-    b, p = prompt.shape
-    cache = init_cache(model.cfg, b, p + max_new_tokens)
-    cache, logits = prefill(model, cache, prompt, prompt_mask, 0, query_block=PREFILL_BLOCK)
+    p = prompt.shape[1]
+
+    def fill(prompt, prompt_mask):  # a fresh cache in the decode loop's form, filled at slot 0
+        cache = init_cache(model.cfg, prompt.shape[0], p + max_new_tokens, layered=True)
+        return prefill(model, cache, prompt, prompt_mask, 0, query_block=PREFILL_BLOCK)
+
+    # On one CPU device a few sequences at a time go through every layer, so each chunk's
+    # activations stay in the caches and far less fresh memory is touched per call.
+    cache, logits = in_row_chunks(fill, p * model.cfg.intermediate_size, prompt, prompt_mask)
     _, out = decode(model, cache, logits, p, key, num_steps=max_new_tokens, params=params,
                     eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)
     return GenerateOutput(out.tokens, out.logprobs, out.lengths)

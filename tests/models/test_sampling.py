@@ -175,6 +175,35 @@ def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch):
+    """On one CPU device `generate` prefills a few sequences at a time into a cache already in
+    the decode loop's per-layer form (`in_row_chunks` over the batch); forced here on 5 prompts
+    in chunks of 2 (the last one padded): the same tokens and log-probs as one piece, greedy and
+    sampled, so no row's cache or logits land in another's place."""
+    from ragen_jax.models import qwen2
+
+    model = untied[1]
+    rng = np.random.default_rng(8)
+    ids = rng.integers(3, VOCAB, size=(5, 12)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, :4] = False
+    mask[4, [3, 7]] = False
+    run = lambda params: jax.jit(  # a new function each time: traced with the current CHUNK_FLOATS
+        lambda m, t, k: sampling.generate.__wrapped__(m, t, k, jax.random.key(3), max_new_tokens=NEW,
+                                                      params=params))(model, jnp.asarray(ids), jnp.asarray(mask))
+    params = (sampling.GREEDY, sampling.SamplingParams(temperature=1.0))
+    whole = [run(p) for p in params]
+    floats_per_row = ids.shape[1] * model.cfg.intermediate_size
+    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * floats_per_row)
+    monkeypatch.setattr(qwen2, "chunks_apply", lambda: True)  # the suite has 8 fake devices
+    assert qwen2.row_chunk(5, floats_per_row) == 2
+    for p, ref in zip(params, whole):
+        out = run(p)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
+
+
 def test_stop_condition_and_holes_after_stop(untied, prompts, greedy_ours):
     model = untied[1]
     ids, mask = prompts

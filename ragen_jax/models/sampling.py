@@ -315,7 +315,7 @@ def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.A
         return prefill(model, cache, prompt, prompt_mask, 0, query_block=PREFILL_BLOCK)
 
     # On one CPU device a few sequences at a time go through every layer, so each chunk's
-    # activations stay in the caches and far less fresh memory is touched per call.
+    # activations stay in the caches (and the call needs half the temporaries).
     cache, logits = in_row_chunks(fill, p * model.cfg.intermediate_size, prompt, prompt_mask)
     _, out = decode(model, cache, logits, p, key, num_steps=max_new_tokens, params=params,
                     eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)

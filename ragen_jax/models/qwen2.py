@@ -550,9 +550,14 @@ def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
     @jax.checkpoint
     def one(args):
         h, tgt = args
-        logp = jax.nn.log_softmax(model.logits(h), axis=-1)
-        picked = jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
-        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+        # `model.logits` vocabulary-major ([B, vocab, chunk]): the head's weight gradient then
+        # contracts over the chunk without transposing the logits first (on CPU XLA copied
+        # every [rows, vocab] chunk for it; this piece's forward + backward 2.2x faster)
+        w = model.head_weight().astype(h.dtype)
+        logits = jnp.einsum("vd,bcd->bvc", w, h, preferred_element_type=jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=1)
+        picked = jnp.take_along_axis(logp, tgt[:, None, :], axis=1)[:, 0]
+        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=1)
         return picked, entropy
 
     picked, entropy = jax.lax.map(one, (hs, ts))

@@ -309,15 +309,15 @@ class Attention(nnx.Module):
             x, cos, sin, attn_mask = (_pick(a, query) for a in (x, cos, sin, attn_mask))
             t = 1
         q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
-        own_keys = True  # the keys attended are this chunk's k, v as computed above
+        layered = False  # keys read from a per-layer cache (see KVCache)
         if cache is not None:  # write this chunk at `offset`, then attend over the buffer
             cache = cache.write(layer, k, v, offset)
-            own_keys = isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]
-            if own_keys:  # a chunk at slot 0 attends to exactly its own slots: no read back
+            if isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]:
+                # a chunk at slot 0 attends to exactly its own slots: no read back
                 k, v = (a.astype(cache.k[layer].dtype).astype(x.dtype) for a in (k, v))
             else:  # the key slots this call attends to (see Qwen2.__call__)
                 k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1]))
-        layered = not own_keys and cache.layered
+                layered = cache.layered
         # Causal attention never looks past the query's own slot: with a static offset, a block
         # of queries reads only the keys up to its last slot (half the score matrix on a long
         # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
@@ -516,10 +516,15 @@ class Qwen2(nnx.Module):
     def head_weight(self) -> jax.Array:
         return (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """f32 logits for hidden [..., hidden_size]. Only call on the positions you need."""
+    def logits(self, hidden: jax.Array, vocab_major: bool = False) -> jax.Array:
+        """f32 logits for hidden [..., hidden_size]. Only call on the positions you need.
+        `vocab_major`: for hidden [..., T, hidden_size] return [..., vocab, T], so that the head's
+        weight gradient contracts over T without a transposed copy of the logits (on CPU XLA
+        copied every [T, vocab] block for it; see token_logprobs)."""
         w = self.head_weight().astype(hidden.dtype)
-        return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+        spec = "vd,...td->...vt" if vocab_major else "...d,vd->...v"
+        operands = (w, hidden) if vocab_major else (hidden, w)
+        return jnp.einsum(spec, *operands, preferred_element_type=jnp.float32)
 
 
 def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:
@@ -550,12 +555,8 @@ def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
     @jax.checkpoint
     def one(args):
         h, tgt = args
-        # `model.logits` vocabulary-major ([B, vocab, chunk]): the head's weight gradient then
-        # contracts over the chunk without transposing the logits first (on CPU XLA copied
-        # every [rows, vocab] chunk for it; this piece's forward + backward 2.2x faster)
-        w = model.head_weight().astype(h.dtype)
-        logits = jnp.einsum("vd,bcd->bvc", w, h, preferred_element_type=jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=1)
+        # vocabulary-major [B, vocab, chunk]: this piece's forward + backward 2.2x faster on CPU
+        logp = jax.nn.log_softmax(model.logits(h, vocab_major=True), axis=1)
         picked = jnp.take_along_axis(logp, tgt[:, None, :], axis=1)[:, 0]
         entropy = -jnp.sum(jnp.exp(logp) * logp, axis=1)
         return picked, entropy

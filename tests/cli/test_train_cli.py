@@ -241,7 +241,8 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
 
 def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     """FrozenLake's default Adam eps (docs/results.md §19) reaches the step; the study's base
-    restores optax's 1e-8 so its recorded arms (§10c) reproduce."""
+    restores optax's 1e-8 and the warm start it ran from (§25) so its recorded arms (§10c)
+    reproduce."""
     import importlib.util
 
     from ragen_jax import config as config_lib
@@ -251,8 +252,9 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
     reproduce = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reproduce)
-    study = config_lib.apply_overrides(config, reproduce.STUDY_BASE)
+    study = config_lib.apply_overrides(config, reproduce.study_base("frozenlake"))
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
+    assert (config.model.init, study.model.init) == ("builtin:frozenlake-tiny-noisy", "builtin:frozenlake-tiny")
     assert config.algo.adam_eps == pytest.approx(1e-3)  # overrides apply to a copy
 
 

@@ -7,9 +7,9 @@ at 0.8 the best possible policy solves 0.81 and the second-stage warm start 0.57
 stochastic, where reward-variance filtering matters most; `--config.env.success_rate=0.333`
 gives gymnasium's slip; `--config.rollout.shared_env_noise=true` gives a group's members the same
 slips, as RAGEN's seeded envs do (no gain here, docs/results.md §15). From the second-stage
-warm start (`builtin:frozenlake-tiny`) RL gains only a few points (§13): its mistakes are mostly the same on every attempt, which leaves little
-for group-relative sharpening (§16); a warm start fitted with `sft --name-holes` is much stronger
-(0.655) but RL loses from it (§17).
+warm start (`builtin:frozenlake-tiny`) RL gains only a few points (§13): its mistakes are
+mostly the same on every attempt, which leaves little for group-relative sharpening (§16); a
+warm start fitted with `sft --name-holes` is much stronger (0.655) but RL loses from it (§17).
 
 Adam's ε is 1e-3 here (optax's 1e-8 elsewhere): parameters whose gradients are far below it —
 the coordinate tokens' — then move in proportion to their gradient instead of by about the

@@ -40,10 +40,10 @@ FILTERS = {
 ALGOS = ("ppo", "grpo")
 # The study's base: the tiny defaults when it ran (docs/results.md §10), so that its command
 # still reproduces it after the defaults moved to 32 × 4 without the entropy bonus (§12) and
-# FrozenLake's to Adam ε 1e-3 (§19); Top-k's rho was matched to Top-p's kept fraction with
-# these groups. `--set` overrides them.
+# FrozenLake's to Adam ε 1e-3 (§19) and Sokoban's to a decaying learning rate (§26); Top-k's
+# rho was matched to Top-p's kept fraction with these groups. `--set` overrides them.
 STUDY_BASE = {"rollout.num_groups": "16", "rollout.group_size": "8", "algo.entropy_coef": "0.001",
-              "algo.adam_eps": "1e-8"}
+              "algo.adam_eps": "1e-8", "algo.lr_decay_fraction": "0"}
 # ... and the warm starts it ran from (FrozenLake's default moved to a noisier one, §25).
 STUDY_WARM_START = {"sokoban": "builtin:sokoban-tiny", "frozenlake": "builtin:frozenlake-tiny"}
 # The study figure's panels (metric, title), left to right.

@@ -75,7 +75,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.algo = ml_collections.ConfigDict(dict(
         name="ppo", advantage=PRESET, aggregation=PRESET, clip_low=0.2, clip_high=0.28, dual_clip=0.0,
         entropy_coef=0.001, kl_coef=0.0, kl_estimator="k3", gamma=1.0, lam=1.0, actor_lr=1e-6, critic_lr=1e-5,
-        weight_decay=0.01, grad_clip=1.0, lr_warmup=0, adam_eps=1e-8, value_clip=0.5, mini_batch_size=32,
+        weight_decay=0.01, grad_clip=1.0, lr_warmup=0, adam_eps=1e-8, lr_decay_fraction=0.0, value_clip=0.5,
+        mini_batch_size=32,
         micro_batch_size=0, epochs=1,
     ))
     c.diagnostics = ml_collections.ConfigDict(dict(
@@ -329,7 +330,7 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     d.pop("stop_on_alarm")
     diagnostics = _wrap("diagnostics", lambda: DiagnosticsConfig(**d)) if enabled else None
     step = _wrap("", lambda: StepConfig(rollout=rollout, filter=filt, algo=algo, diagnostics=diagnostics,
-                                              grad_buckets=config.grad_buckets))
+                                              grad_buckets=config.grad_buckets, total_steps=config.train.steps))
 
     sizes = {key: config.mesh[key] for key in ("data", "fsdp", "tensor")}
     for key, size in sizes.items():

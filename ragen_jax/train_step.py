@@ -31,7 +31,7 @@ from ragen_jax.models.qwen2 import Qwen2
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
-from ragen_jax.rl.algorithms import AlgoConfig, optimizer
+from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rollout import RolloutConfig, Trajectories, model_policy, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -49,9 +49,14 @@ class StepConfig:
     # this many reward-std quantile buckets (the paper uses 6), on the diagnostics' schedule
     # (step 1 and every compute_freq steps; every 5 steps without a diagnostics config).
     grad_buckets: int = 0
+    # The run's length in train steps (`train.steps`): where `algo.lr_decay_fraction`'s decay ends.
+    total_steps: int = 0
 
     def __post_init__(self):
         self.filter.check_group_size(self.rollout.group_size)
+        if self.algo.lr_decay_fraction and self.total_steps < 1:
+            raise ValueError(f"algo.lr_decay_fraction={self.algo.lr_decay_fraction} needs the run's length "
+                             f"(total_steps={self.total_steps}, must be >= 1)")
         self.algo.check_batch(self.rollout.batch, self.rollout.group_size)
         if self.grad_buckets < 0 or (self.grad_buckets and self.rollout.group_size < 2):
             raise ValueError(f"grad_buckets={self.grad_buckets} must be >= 0, and > 0 only with "
@@ -246,6 +251,7 @@ class Trainer:
         num_minibatches = (kept_rows + mb - 1) // mb
         minibatch = lambda b, i: jax.tree.map(lambda a: _split(a, mb)[i], b)
         batch = self._advantages(state, batch, episode_reward, kept_rows)
+        lr_factor = lr_decay_factor(state.step, cfg.total_steps, algo.lr_decay_fraction)
 
         # minibatch updates: a loop whose trip count depends on how many groups were kept
         temperature = rcfg.sampling.temperature or 1.0
@@ -257,9 +263,10 @@ class Trainer:
             # contiguous blocks); pin its rows to the whole mesh again, or GSPMD replicates it
             # and every device computes the whole minibatch.
             mbatch = self.rows(minibatch(batch, i % num_minibatches))
-            params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature)
+            params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature,
+                                                    lr_factor)
             if algo.uses_critic:
-                critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch)
+                critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch, lr_factor)
                 stats.update(critic_stats)
             totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
             return params, opt, critic, critic_opt, totals
@@ -276,6 +283,7 @@ class Trainer:
             "update/micro_batches": micro_batches,  # forward/backward passes run (padding skipped)
             "update/kept_rows": kept_rows.astype(jnp.float32),
             "update/loss_scale": scale,
+            "update/lr_factor": lr_factor,
             "update/advantage_mean": adv.masked_mean(batch.advantages, batch.loss_mask),
         })
         if algo.uses_critic:
@@ -344,7 +352,7 @@ class Trainer:
         loss, aux, grads = jax.lax.fori_loop(0, needed, body, zeros)
         return loss, aux, grads, needed
 
-    def _actor_update(self, params, opt, reference, mbatch: Batch, scale, temperature):
+    def _actor_update(self, params, opt, reference, mbatch: Batch, scale, temperature, lr_factor=1.0):
         algo = self.config.algo
         normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
         token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
@@ -373,11 +381,11 @@ class Trainer:
 
         loss, aux, grads, micro_batches = self._accumulate(loss_fn, params, mbatch)
         updates, opt = self.actor_tx.update(grads, opt, params)
-        params = optax.apply_updates(params, updates)
+        params = optax.apply_updates(params, _scaled(updates, lr_factor))
         return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
                              "update/micro_batches": micro_batches.astype(jnp.float32)}
 
-    def _critic_update(self, params, opt, mbatch: Batch):
+    def _critic_update(self, params, opt, mbatch: Batch, lr_factor=1.0):
         algo = self.config.algo
         normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
 
@@ -389,8 +397,14 @@ class Trainer:
 
         loss, _, grads, _ = self._accumulate(loss_fn, params, mbatch)
         updates, opt = self.critic_tx.update(grads, opt, params)
-        params = optax.apply_updates(params, updates)
+        params = optax.apply_updates(params, _scaled(updates, lr_factor))
         return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
+
+
+def _scaled(updates, factor):
+    """An optimiser's updates times the learning-rate factor (AdamW's update, weight decay
+    included, is proportional to its rate)."""
+    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), updates)
 
 
 def _split(a: jax.Array, size: int) -> jax.Array:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
@@ -43,6 +45,7 @@ class AlgoConfig:
     grad_clip: float = 1.0
     lr_warmup: int = 0  # optimiser updates over which the learning rate rises linearly from 0 (0: none)
     adam_eps: float = 1e-8  # Adam's denominator floor: parameters whose gradient RMS is below it move less than lr
+    lr_decay_fraction: float = 0.0  # the last part of the run over which both rates fall linearly to 0 (0: none)
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
     micro_batch_size: int = 0  # trajectories per forward/backward (0, or >= the minibatch: all of it)
@@ -77,6 +80,9 @@ class AlgoConfig:
                 raise ValueError(f"algo.{field}={getattr(self, field)} must be in [0, 1]")
         if self.lr_warmup < 0:
             raise ValueError(f"algo.lr_warmup={self.lr_warmup} must be >= 0 (optimiser updates; 0: no warm-up)")
+        if not 0.0 <= self.lr_decay_fraction <= 1.0:
+            raise ValueError(f"algo.lr_decay_fraction={self.lr_decay_fraction} must be in [0, 1] "
+                             "(the last part of the run's train steps; 0: no decay)")
         if self.mini_batch_size < 1 or self.epochs < 1 or self.micro_batch_size < 0:
             raise ValueError(
                 f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1 and "
@@ -122,6 +128,20 @@ class AlgoConfig:
                 f"algo.name={self.name!r} normalises rewards within a group: rollout.group_size must be >= 2 "
                 f"(got {group_size})"
             )
+
+
+def lr_decay_factor(step: jax.Array, total_steps: int, fraction: float) -> jax.Array:
+    """The learning-rate multiplier of the train step with 0-based index `step`: 1 until the
+    last `fraction` of a `total_steps` run (D = fraction · total_steps steps), then
+    (total_steps − step) / D, falling linearly to 1/D in the last step (warm-up-stable-decay). A constant rate leaves the policy wandering around where
+    RL has taken it (±2 points between validations on Sokoban, docs/results.md §22); letting the
+    rate fall settles it. A multiplier of the whole update, applied per train step and not per
+    optimiser update, so it needs no optimiser state and the decay does not depend on how many
+    minibatches the filter leaves."""
+    if not fraction:
+        return jnp.float32(1.0)
+    remaining = (total_steps - jnp.asarray(step)).astype(jnp.float32)
+    return jnp.clip(remaining / (fraction * total_steps), 0.0, 1.0)
 
 
 def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:

@@ -10,7 +10,7 @@ import pytest
 from agent_setup import text_parts, tiny_model
 from flax import nnx
 
-from ragen_jax.rl.algorithms import AlgoConfig, optimizer
+from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig, model_policy, rollout
 from ragen_jax.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
@@ -44,8 +44,10 @@ def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
     env, params, codec, prompt, model = setup
     filt = algo.pop("filter", FilterConfig())
     name = algo.pop("name", "ppo")
+    total_steps = algo.pop("total_steps", 0)
     algo = AlgoConfig.preset(name, **{"mini_batch_size": 4, "actor_lr": 1e-3, "critic_lr": 1e-3, **algo})
-    return Trainer(StepConfig(rollout=rollout_config, filter=filt, algo=algo), model, env, params, codec, prompt, mesh)
+    return Trainer(StepConfig(rollout=rollout_config, filter=filt, algo=algo, total_steps=total_steps), model, env,
+                   params, codec, prompt, mesh)
 
 
 def params_of(state):
@@ -298,6 +300,9 @@ def test_presets_select_the_recipes():
     (lambda: AlgoConfig.preset("grpo", mini_batch_size=8, micro_batch_size=3), "algo.micro_batch_size=3"),
     (lambda: AlgoConfig.preset("grpo", lr_warmup=-1), "algo.lr_warmup=-1"),
     (lambda: AlgoConfig.preset("grpo", adam_eps=0.0), "algo.adam_eps=0.0"),
+    (lambda: AlgoConfig.preset("grpo", lr_decay_fraction=1.5), "algo.lr_decay_fraction=1.5"),
+    (lambda: StepConfig(rollout=ROLLOUT, algo=AlgoConfig.preset("grpo", lr_decay_fraction=0.5)),
+     "algo.lr_decay_fraction=0.5 needs the run's length"),
     (lambda: StepConfig(rollout=dataclasses.replace(ROLLOUT, group_size=1), algo=AlgoConfig.preset("grpo"),
                         filter=FilterConfig(metric="reward_mean")), "group_size"),
     (lambda: StepConfig(rollout=ROLLOUT, algo=AlgoConfig.preset("grpo", mini_batch_size=5)), "mini_batch_size=5"),
@@ -329,6 +334,35 @@ def test_lr_warmup_scales_the_first_updates_linearly():
     # without a warm-up the optimiser state keeps the layout older checkpoints were saved with
     before = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
     assert jax.tree.structure(plain.init(params)) == jax.tree.structure(before.init(params))
+
+
+def test_lr_decay_factor_falls_linearly_over_the_last_steps():
+    """Against a plain loop: 1 before the last D = fraction · total steps of the run, then
+    (total - step) / D: 1 where the decay starts, 1/D at the run's last step."""
+    for total in (1, 4, 7, 400):
+        for fraction in (0.0, 0.25, 0.375, 0.5, 1.0):
+            decay = fraction * total
+            for step in range(total):
+                want = 1.0 if fraction == 0 or step <= total - decay else (total - step) / decay
+                got = float(lr_decay_factor(jnp.int32(step), total, fraction))
+                np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{total} {fraction} {step}")
+
+
+def test_lr_decay_scales_the_whole_update(setup, trajectories):
+    """In the decay an optimiser update's parameter change is the factor times the
+    constant-rate change from the same state and batch; before it, the same change. (One
+    minibatch: the kept 8 rows of 16.)"""
+    model = setup[-1]
+    grpo = trainer(setup, name="grpo", mini_batch_size=16)
+    decaying = trainer(setup, name="grpo", mini_batch_size=16, lr_decay_fraction=0.5, total_steps=8)
+    start = lambda tr: tr.init_state(jax.random.key(0), model)  # fresh: the update donates its state
+    before = params_of(start(grpo))
+    plain, _ = grpo.update(start(grpo), trajectories, jax.random.key(1))
+    for step, factor in ((0, 1.0), (4, 1.0), (5, 0.75), (7, 0.25)):
+        state = start(decaying)
+        state, metrics = decaying.update(state.replace(step=state.step + step), trajectories, jax.random.key(1))
+        assert float(metrics["update/lr_factor"]) == factor
+        np.testing.assert_allclose(params_of(state) - before, factor * (params_of(plain) - before), atol=2e-7)
 
 
 def test_adam_eps_damps_only_parameters_with_gradients_below_it():

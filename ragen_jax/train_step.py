@@ -352,7 +352,7 @@ class Trainer:
         loss, aux, grads = jax.lax.fori_loop(0, needed, body, zeros)
         return loss, aux, grads, needed
 
-    def _actor_update(self, params, opt, reference, mbatch: Batch, scale, temperature, lr_factor=1.0):
+    def _actor_update(self, params, opt, reference, mbatch: Batch, scale, temperature, lr_factor):
         algo = self.config.algo
         normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
         token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
@@ -385,7 +385,7 @@ class Trainer:
         return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
                              "update/micro_batches": micro_batches.astype(jnp.float32)}
 
-    def _critic_update(self, params, opt, mbatch: Batch, lr_factor=1.0):
+    def _critic_update(self, params, opt, mbatch: Batch, lr_factor):
         algo = self.config.algo
         normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
 

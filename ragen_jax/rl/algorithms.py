@@ -133,11 +133,12 @@ class AlgoConfig:
 def lr_decay_factor(step: jax.Array, total_steps: int, fraction: float) -> jax.Array:
     """The learning-rate multiplier of the train step with 0-based index `step`: 1 until the
     last `fraction` of a `total_steps` run (D = fraction · total_steps steps), then
-    (total_steps − step) / D, falling linearly to 1/D in the last step (warm-up-stable-decay). A constant rate leaves the policy wandering around where
-    RL has taken it (±2 points between validations on Sokoban, docs/results.md §22); letting the
-    rate fall settles it. A multiplier of the whole update, applied per train step and not per
-    optimiser update, so it needs no optimiser state and the decay does not depend on how many
-    minibatches the filter leaves."""
+    (total_steps − step) / D, falling linearly to 1/D in the last step (warm-up-stable-decay).
+    A constant rate leaves the policy wandering around where RL has taken it (±2 points between
+    validations on Sokoban, docs/results.md §22); letting the rate fall settles it (§26). A
+    multiplier of the whole update, applied per train step and not per optimiser update, so it
+    needs no optimiser state and the decay does not depend on how many minibatches the filter
+    leaves."""
     if not fraction:
         return jnp.float32(1.0)
     remaining = (total_steps - jnp.asarray(step)).astype(jnp.float32)

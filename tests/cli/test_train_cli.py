@@ -16,6 +16,9 @@ from ragen_jax import evaluate, export, train
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "sokoban_tiny.py")
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
+
+import reproduce  # noqa: E402
 # Tiny and quick to compile; no early stop (a random policy only earns format penalties) and
 # no filtering, so every step updates the weights and the resumed numbers depend on them.
 SMALL = ["--config.rollout.num_groups=2", "--config.rollout.group_size=2", "--config.rollout.max_turns=1",
@@ -239,15 +242,6 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
     assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]
 
 
-def reproduce_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
-    reproduce = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reproduce)
-    return reproduce
-
-
 def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     """FrozenLake's default Adam eps (docs/results.md §19) reaches the step; the study's base
     restores optax's 1e-8 and the warm start it ran from (§25) so its recorded arms (§10c)
@@ -256,7 +250,7 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
     assert config_lib.build(config, 1).step.algo.adam_eps == pytest.approx(1e-3)
-    study = config_lib.apply_overrides(config, reproduce_module().study_base("frozenlake"))
+    study = config_lib.apply_overrides(config, reproduce.study_base("frozenlake"))
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
     assert (config.model.init, study.model.init) == ("builtin:frozenlake-tiny-noisy", "builtin:frozenlake-tiny")
     assert config.algo.adam_eps == pytest.approx(1e-3)  # overrides apply to a copy
@@ -273,7 +267,7 @@ def test_sokoban_default_decays_its_rate_and_the_study_does_not():
     assert (step.total_steps, step.algo.lr_decay_fraction * step.total_steps) == (400, 150)
     short = config_lib.build(config_lib.apply_overrides(config, {"train.steps": "6"}), 1).step
     assert short.total_steps == 6 and short.algo.lr_decay_fraction == pytest.approx(0.375)
-    study = config_lib.apply_overrides(config, reproduce_module().study_base("sokoban"))
+    study = config_lib.apply_overrides(config, reproduce.study_base("sokoban"))
     assert config_lib.build(study, 1).step.algo.lr_decay_fraction == 0.0
 
 

@@ -7,6 +7,12 @@ generates exactly batch x new tokens). Same weights in all engines: ours are ran
 initialised, exported with `save_pretrained` for transformers and copied into tunix's Qwen2.
 Compile time (first call minus a steady call) is reported apart from steady throughput.
 
+Then both engines again, data-parallel over `--cpu-devices` workers (default: one per core):
+ours with `generate(mesh=...)` over that many jax CPU devices (a fresh process started with
+`--xla_force_host_platform_device_count`), transformers as that many one-thread processes,
+each with its share of the rows, started together (a round ends when the last is done). On a
+small CPU one worker per core beats one process spreading every op over the cores, for both.
+
 tunix (google-tunix) pins its own dependency set, so it is not a project dependency. It is
 run in a subprocess with `--tunix-python`, a Python where `pip install google-tunix
 --no-deps` (plus jaxtyping, etils, sentencepiece, absl-py) sits beside our jax, e.g. a venv
@@ -19,6 +25,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ragen_jax import sharding  # noqa: E402
 from ragen_jax.models import hf, sampling  # noqa: E402
 from ragen_jax.models.qwen2 import Qwen2Config, init_model  # noqa: E402
 from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
@@ -66,38 +74,82 @@ def timed(fn, repeats: int):
     return first, min(times)
 
 
-def bench_ours(model, ids, new, repeats):
+def bench_ours(model, ids, new, repeats, mesh=None):
     prompt, mask = jnp.asarray(ids), jnp.ones(ids.shape, bool)
     params = sampling.SamplingParams(temperature=1.0)
     keys = iter(jax.random.split(jax.random.key(0), repeats + 1))
 
     def run():
-        out = sampling.generate(model, prompt, mask, next(keys), max_new_tokens=new, params=params)
+        out = sampling.generate(model, prompt, mask, next(keys), max_new_tokens=new, params=params, mesh=mesh)
         jax.block_until_ready(out)
         assert int(out.lengths.min()) == new
 
     return timed(run, repeats)
 
 
-def bench_transformers(model, ids, new, repeats, threads=2):
+def transformers_model(model, threads):
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(model, tmp)
-        torch_model = AutoModelForCausalLM.from_pretrained(tmp).eval()
+        return AutoModelForCausalLM.from_pretrained(tmp).eval()
+
+
+def transformers_generate(torch_model, ids, new):
+    import torch
+
     prompt = torch.as_tensor(ids, dtype=torch.long)
-    mask = torch.ones_like(prompt)
+    with torch.no_grad():
+        out = torch_model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                   min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
+                                   top_p=1.0, eos_token_id=None, pad_token_id=0)
+    assert out.shape[1] == ids.shape[1] + new
 
-    def run():
-        with torch.no_grad():
-            out = torch_model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=new,
-                                       min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
-                                       top_p=1.0, eos_token_id=None, pad_token_id=0)
-        assert out.shape[1] == ids.shape[1] + new
 
-    return timed(run, repeats)
+def bench_transformers(model, ids, new, repeats, threads=2):
+    torch_model = transformers_model(model, threads)
+    return timed(lambda: transformers_generate(torch_model, ids, new), repeats)
+
+
+def transformers_part(model, ids, new, part, parts):
+    """One process of a data-parallel transformers run: rows part::parts on one thread, one
+    `generate` per "go" line on stdin, "ready" / "done" on stdout."""
+    torch_model = transformers_model(model, 1)
+    rows = ids[part::parts]
+    transformers_generate(torch_model, rows, new)  # warm-up
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        transformers_generate(torch_model, rows, new)
+        print("done", flush=True)
+
+
+def transformers_in_processes(name, args, parts):
+    """transformers data-parallel: `parts` single-thread processes, each with its share of the
+    rows, started together; a round lasts until the last one is done (first, fastest round)."""
+    cmd = [sys.executable, __file__, "--engine", "transformers-part", "--models", name, "--parts", str(parts),
+           "--batch", str(args.batch), "--prompt", str(args.prompt), "--new", str(args.new)]
+    procs = [subprocess.Popen(cmd + ["--part", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for i in range(parts)]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"transformers part exited with {proc.wait()}")
+
+        def run():
+            for proc in procs:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            for proc in procs:
+                if proc.stdout.readline().strip() != "done":
+                    raise RuntimeError(f"transformers part exited with {proc.wait()}")
+
+        return timed(run, args.repeats)
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait()
 
 
 def import_tunix():
@@ -161,10 +213,17 @@ def bench_tunix(ours, tok, texts, prompt_len, new, repeats):
     return timed(run, repeats)
 
 
-def tunix_in_subprocess(python, name, args):
-    cmd = [python, __file__, "--engine", "tunix", "--models", name, "--batch", str(args.batch),
+def engine_in_subprocess(python, engine, name, args, devices=None):
+    """({"first", "steady"}, None) from `--engine engine` run by `python` in a fresh process, or
+    (None, why). `devices`: that many CPU devices (jax fixes its device count when it starts)."""
+    from ragen_jax.plan import with_device_count
+
+    env = dict(os.environ)
+    if devices is not None:
+        env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), devices)
+    cmd = [python, __file__, "--engine", engine, "--models", name, "--batch", str(args.batch),
            "--prompt", str(args.prompt), "--new", str(args.new), "--repeats", str(args.repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         return None, (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -181,29 +240,42 @@ def main(argv=None):
     parser.add_argument("--torch-threads", type=int, default=2,
                         help="PyTorch threads for transformers (1 with `taskset -c 0` compares one core each: "
                              "2 OpenMP threads stall when other processes hold the cores)")
+    parser.add_argument("--cpu-devices", type=int, default=os.cpu_count(),
+                        help="also run each engine data-parallel over this many CPU workers: ours over as "
+                             "many jax CPU devices, transformers in as many one-thread processes (1: skip)")
     parser.add_argument("--tunix-python", default=None,
                         help="a Python with google-tunix beside jax (default: this one, if it imports)")
-    parser.add_argument("--engine", default="all", choices=["all", "tunix"], help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="all", choices=["all", "tunix", "ours", "transformers-part"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     tok, ids, texts = make_prompts(args.batch, args.prompt)
     tokens = args.batch * args.new
-    print(f"# sampling throughput: batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
-          f"temperature 1.0; {jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}")
+    if args.engine == "all":
+        print(f"# sampling throughput: batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
+              f"temperature 1.0; {jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}")
     for name in args.models:
         model = init_model(Qwen2Config.preset(name), jax.random.key(0))
-        if args.engine == "tunix":
-            first, steady = bench_tunix(model, tok, texts, args.prompt, args.new, args.repeats)
+        if args.engine != "all":
+            if args.engine == "transformers-part":
+                transformers_part(model, ids, args.new, args.part, args.parts)
+                continue
+            if args.engine == "tunix":
+                first, steady = bench_tunix(model, tok, texts, args.prompt, args.new, args.repeats)
+            else:  # ours over every device this process has
+                mesh = sharding.make_mesh((jax.device_count(), 1, 1))
+                first, steady = bench_ours(model, ids, args.new, args.repeats, mesh)
             print(json.dumps({"first": first, "steady": steady}))
             continue
         first, steady = bench_ours(model, ids, args.new, args.repeats)
-        ours_tps = tokens / steady
-        print(f"{name:6s} ragen_jax     {ours_tps:9.0f} tok/s  (steady {steady:.3f}s, compile {first - steady:.1f}s)")
+        print(f"{name:6s} ragen_jax     {tokens / steady:9.0f} tok/s  (steady {steady:.3f}s, compile {first - steady:.1f}s)")
         t_first, t_steady = bench_transformers(model, ids, args.new, args.repeats, args.torch_threads)
         print(f"{name:6s} transformers  {tokens / t_steady:9.0f} tok/s  (steady {t_steady:.3f}s)  "
-              f"ratio ours/transformers {t_steady / steady:.1f}x")
+              f"ratio ours/transformers {t_steady / steady:.2f}x")
         result, why = None, None
         if args.tunix_python:
-            result, why = tunix_in_subprocess(args.tunix_python, name, args)
+            result, why = engine_in_subprocess(args.tunix_python, "tunix", name, args)
         else:
             try:
                 first_t, steady_t = bench_tunix(model, tok, texts, args.prompt, args.new, args.repeats)
@@ -215,7 +287,23 @@ def main(argv=None):
         else:
             print(f"{name:6s} tunix         {tokens / result['steady']:9.0f} tok/s  (steady {result['steady']:.3f}s, "
                   f"compile {result['first'] - result['steady']:.1f}s)  "
-                  f"ratio ours/tunix {result['steady'] / steady:.1f}x")
+                  f"ratio ours/tunix {result['steady'] / steady:.2f}x")
+        if args.cpu_devices > 1 and args.batch % args.cpu_devices == 0:
+            n = args.cpu_devices
+            dp, why = engine_in_subprocess(sys.executable, "ours", name, args, devices=n)
+            if dp is None:
+                raise RuntimeError(f"ours over {n} CPU devices failed: {why}")
+            _, tp_steady = transformers_in_processes(name, args, n)
+            print(f"{name:6s} data-parallel over {n} CPU workers (ours: {n} jax devices; transformers: {n} "
+                  f"one-thread processes)")
+            print(f"{name:6s} ragen_jax     {tokens / dp['steady']:9.0f} tok/s  (steady {dp['steady']:.3f}s, "
+                  f"compile {dp['first'] - dp['steady']:.1f}s)  ratio to transformers (above) "
+                  f"{t_steady / dp['steady']:.2f}x")
+            print(f"{name:6s} transformers  {tokens / tp_steady:9.0f} tok/s  (steady {tp_steady:.3f}s)  "
+                  f"ratio ours/transformers, both data-parallel {tp_steady / dp['steady']:.2f}x")
+        elif args.cpu_devices > 1:
+            print(f"{name:6s} data-parallel skipped: batch {args.batch} is not divisible by --cpu-devices "
+                  f"{args.cpu_devices}")
 
 
 if __name__ == "__main__":

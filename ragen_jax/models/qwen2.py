@@ -344,8 +344,11 @@ CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (se
 def chunks_apply() -> bool:
     """Row chunks are for a single CPU device: accelerators keep one large kernel, and on a mesh
     a loop over the rows of a sharded batch puts collectives inside it (8 fake CPU devices
-    deadlocked in them)."""
-    return jax.default_backend() == "cpu" and jax.device_count() == 1
+    deadlocked in them). Inside a `shard_map` over every mesh axis each device runs its own rows
+    with no collectives, so they apply there too (a data-parallel `sampling.generate`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    per_device = jax.device_count() == 1 or (not mesh.empty and mesh.are_all_axes_manual)
+    return jax.default_backend() == "cpu" and per_device
 
 
 def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:

@@ -19,6 +19,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, PartitionSpec
 
 from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, KVCache, Qwen2, in_row_chunks,
                                     init_cache, positions_from_mask, rope_tables)
@@ -214,12 +215,24 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     return cache, logits
 
 
+def draw_uniforms(key: jax.Array, num_steps: int, batch: int, params: SamplingParams,
+                  switch_params: SamplingParams | None = None) -> jax.Array:
+    """Every decode step's uniforms [num_steps, batch] at once: random bits inside the loop
+    cost several small kernels per step (threefry is itself a loop on CPU). Zeros when every
+    draw is greedy."""
+    greedy = params.temperature == 0.0 and (switch_params is None or switch_params.temperature == 0.0)
+    if greedy:
+        return jnp.zeros((num_steps, batch), jnp.float32)
+    return jax.random.uniform(key, (num_steps, batch), jnp.float32)
+
+
 def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Array, *,
            num_steps: int, params: SamplingParams = SamplingParams(),
            eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
            done: jax.Array | None = None, pad_id: int = 0,
            key_limit: int | None = None, switch_fn: Callable | None = None,
-           switch_params: SamplingParams | None = None) -> tuple[KVCache, DecodeOutput]:
+           switch_params: SamplingParams | None = None,
+           uniforms: jax.Array | None = None) -> tuple[KVCache, DecodeOutput]:
     """Sample up to `num_steps` tokens into cache slots offset .. offset+num_steps-1.
 
     `logits` [B, V] is the next-token distribution (from `prefill` or a previous decode).
@@ -234,6 +247,10 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     sequence's next token is drawn with `switch_params` instead of `params` — the rollout draws
     the first token of each action in the answer at its own temperature. `DecodeOutput.switched`
     marks the tokens so drawn.
+
+    `uniforms` [num_steps, B]: the draws to use instead of `key`'s (`draw_uniforms`); a
+    data-parallel `generate` draws them for the whole batch, so its tokens do not depend on
+    how the batch is split.
     """
     if (switch_fn is None) != (switch_params is None):
         raise ValueError("decode: switch_fn and switch_params go together")
@@ -245,11 +262,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
                        lengths=jnp.zeros((b,), jnp.int32), done=done, logits=logits,
                        switched=None if switch_fn is None else jnp.zeros((b, num_steps), bool))
 
-    # every step's uniforms drawn at once: random bits inside the loop cost several small
-    # kernels per step (threefry is itself a loop on CPU)
-    greedy = params.temperature == 0.0 and (switch_params is None or switch_params.temperature == 0.0)
-    uniforms = (jnp.zeros((num_steps, b), jnp.float32) if greedy else
-                jax.random.uniform(key, (num_steps, b), jnp.float32))
+    if uniforms is None:
+        uniforms = draw_uniforms(key, num_steps, b, params, switch_params)
 
     def cond(carry):
         i, _, out, _ = carry
@@ -302,12 +316,37 @@ class GenerateOutput:
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_tokens", "params", "eos_ids", "stop_fn",
-                                             "pad_id"))
+                                             "pad_id", "mesh"))
 def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
              max_new_tokens: int, params: SamplingParams = SamplingParams(),
              eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
-             pad_id: int = 0) -> GenerateOutput:
-    """Sample continuations of prompts [B, P] (any padding side; masked slots are holes)."""
+             pad_id: int = 0, mesh: Mesh | None = None) -> GenerateOutput:
+    """Sample continuations of prompts [B, P] (any padding side; masked slots are holes).
+
+    `mesh`: split the batch over all of the mesh's devices, each generating its own rows with a
+    full copy of the parameters and no communication (data parallel). On a CPU, one device per
+    core (`--xla_force_host_platform_device_count`, `sharding.make_mesh((cores, 1, 1))`) is
+    faster than one device running every op on all cores (docs/benchmarks.md). The tokens are
+    those of the same call without a mesh: the uniforms are drawn for the whole batch first."""
+    b = prompt.shape[0]
+    uniforms = draw_uniforms(key, max_new_tokens, b, params)
+    rows = functools.partial(_generate_rows, max_new_tokens=max_new_tokens, params=params,
+                             eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)
+    if mesh is not None:
+        if b % mesh.size:
+            raise ValueError(f"generate: batch {b} must be divisible by the mesh's {mesh.size} devices")
+        axes = mesh.axis_names
+        split, step_major = PartitionSpec(axes), PartitionSpec(None, axes)
+        # no collectives inside, so the loop-carry varying-axis check is not needed
+        rows = jax.shard_map(rows, mesh=mesh, in_specs=(PartitionSpec(), split, split, step_major),
+                             out_specs=split, check_vma=False)
+    return rows(model, prompt, prompt_mask, uniforms)
+
+
+def _generate_rows(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, uniforms: jax.Array, *,
+                   max_new_tokens: int, params: SamplingParams, eos_ids: tuple[int, ...],
+                   stop_fn: Callable | None, pad_id: int) -> GenerateOutput:
+    """`generate` on the rows in hand, with their uniforms [max_new_tokens, rows]."""
     p = prompt.shape[1]
 
     def fill(prompt, prompt_mask):  # a fresh cache in the decode loop's form, filled at slot 0
@@ -317,6 +356,6 @@ def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.A
     # On one CPU device a few sequences at a time go through every layer, so each chunk's
     # activations stay in the caches (and the call needs half the temporaries).
     cache, logits = in_row_chunks(fill, p * model.cfg.intermediate_size, prompt, prompt_mask)
-    _, out = decode(model, cache, logits, p, key, num_steps=max_new_tokens, params=params,
-                    eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id)
+    _, out = decode(model, cache, logits, p, None, num_steps=max_new_tokens, params=params,
+                    eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id, uniforms=uniforms)
     return GenerateOutput(out.tokens, out.logprobs, out.lengths)

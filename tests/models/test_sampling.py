@@ -204,6 +204,57 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
 
 
+def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypatch):
+    """`generate(mesh=...)` splits the batch over the mesh's devices, each generating its own
+    rows (filled in row chunks, forced here to 2 of each device's 3 rows, the last padded): the
+    tokens, lengths and log-probs of the same call on one device, sampled with early stops."""
+    from ragen_jax import sharding
+    from ragen_jax.models import qwen2
+
+    model = untied[1]
+    rng = np.random.default_rng(9)
+    ids = rng.integers(3, VOCAB, size=(6, 12)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, :4] = False
+    mask[4, [3, 7]] = False
+    params = sampling.SamplingParams(temperature=1.0)
+    args = (model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(5))
+    ref = sampling.generate(*args, max_new_tokens=NEW, params=params)
+    eos = int(np.asarray(ref.tokens)[2, 6])  # stops row 2 (at the latest) early
+    ref = sampling.generate(*args, max_new_tokens=NEW, params=params, eos_ids=(eos,))
+    assert int(np.asarray(ref.lengths).min()) < NEW
+    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * ids.shape[1] * model.cfg.intermediate_size)
+    out = sampling.generate(*args, max_new_tokens=NEW, params=params, eos_ids=(eos,),
+                            mesh=sharding.make_mesh((2, 1, 1)))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
+    with pytest.raises(ValueError, match="batch 6 must be divisible by the mesh's 4 devices"):
+        sampling.generate(*args, max_new_tokens=NEW, params=params, mesh=sharding.make_mesh((2, 2, 1)))
+
+
+def test_row_chunks_apply_per_device_inside_a_shard_map_only():
+    """With several devices, row chunks apply inside a shard_map over every mesh axis (each
+    device runs its own rows, no collectives) and not in a jit over an automatic mesh."""
+    from jax.sharding import PartitionSpec
+
+    from ragen_jax import sharding
+    from ragen_jax.models import qwen2
+
+    mesh = sharding.make_mesh((2, 1, 1))
+    seen = []
+
+    def record(x):
+        seen.append(qwen2.chunks_apply())
+        return x
+
+    jax.eval_shape(jax.shard_map(record, mesh=mesh, in_specs=PartitionSpec("data"),
+                                 out_specs=PartitionSpec("data")), jnp.zeros(4))
+    with jax.set_mesh(mesh):
+        jax.eval_shape(jax.jit(record), jnp.zeros(4))
+    assert seen == [True, False] and not qwen2.chunks_apply()
+
+
 def test_stop_condition_and_holes_after_stop(untied, prompts, greedy_ours):
     model = untied[1]
     ids, mask = prompts

@@ -175,6 +175,21 @@ def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def prompts_with_holes(rows: int, seed: int):
+    """[rows, 12] random prompts, row 1 left-padded and row 4 with two holes."""
+    ids = np.random.default_rng(seed).integers(3, VOCAB, size=(rows, 12)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, :4] = False
+    mask[4, [3, 7]] = False
+    return ids, mask
+
+
+def assert_same_generation(out, ref):
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
+
+
 def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch):
     """On one CPU device `generate` prefills a few sequences at a time into a cache already in
     the decode loop's per-layer form (`in_row_chunks` over the batch); forced here on 5 prompts
@@ -183,11 +198,7 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
     from ragen_jax.models import qwen2
 
     model = untied[1]
-    rng = np.random.default_rng(8)
-    ids = rng.integers(3, VOCAB, size=(5, 12)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[1, :4] = False
-    mask[4, [3, 7]] = False
+    ids, mask = prompts_with_holes(5, seed=8)
     run = lambda params: jax.jit(  # a new function each time: traced with the current CHUNK_FLOATS
         lambda m, t, k: sampling.generate.__wrapped__(m, t, k, jax.random.key(3), max_new_tokens=NEW,
                                                       params=params))(model, jnp.asarray(ids), jnp.asarray(mask))
@@ -198,10 +209,7 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
     monkeypatch.setattr(qwen2, "chunks_apply", lambda: True)  # the suite has 8 fake devices
     assert qwen2.row_chunk(5, floats_per_row) == 2
     for p, ref in zip(params, whole):
-        out = run(p)
-        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-        np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
-        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
+        assert_same_generation(run(p), ref)
 
 
 def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypatch):
@@ -212,11 +220,7 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     from ragen_jax.models import qwen2
 
     model = untied[1]
-    rng = np.random.default_rng(9)
-    ids = rng.integers(3, VOCAB, size=(6, 12)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[1, :4] = False
-    mask[4, [3, 7]] = False
+    ids, mask = prompts_with_holes(6, seed=9)
     params = sampling.SamplingParams(temperature=1.0)
     args = (model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(5))
     ref = sampling.generate(*args, max_new_tokens=NEW, params=params)
@@ -226,9 +230,7 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * ids.shape[1] * model.cfg.intermediate_size)
     out = sampling.generate(*args, max_new_tokens=NEW, params=params, eos_ids=(eos,),
                             mesh=sharding.make_mesh((2, 1, 1)))
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
-    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=1e-5)
+    assert_same_generation(out, ref)
     with pytest.raises(ValueError, match="batch 6 must be divisible by the mesh's 4 devices"):
         sampling.generate(*args, max_new_tokens=NEW, params=params, mesh=sharding.make_mesh((2, 2, 1)))
 

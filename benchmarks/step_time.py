@@ -35,11 +35,9 @@ def main(argv=None) -> int:
     overrides = reproduce.set_overrides(args.set, parser.error)
 
     import jax
-    from flax import nnx
 
     from ragen_jax import config as config_lib
     from ragen_jax.experiment import make_experiment
-    from ragen_jax.rollout import model_policy, rollout
 
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
@@ -48,13 +46,8 @@ def main(argv=None) -> int:
     except (config_lib.ConfigError, ValueError) as err:
         parser.error(str(err).splitlines()[0])
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
-    rcfg = trainer.config.rollout
 
-    @jax.jit
-    def rollout_only(policy_state, key, codec, prompt):
-        policy = nnx.merge(trainer.policy_graph, policy_state)
-        return rollout(key, model_policy(policy, codec, prompt, rcfg), trainer.env, trainer.env_params,
-                       codec, prompt, rcfg)
+    rollout_only = jax.jit(trainer.play_rollout)  # as the step plays it (per device on a data-only mesh)
 
     jax.block_until_ready(rollout_only(state.policy, jax.random.key(1), exp.codec, exp.prompt))
     times = []

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.rollout import Policy, RolloutConfig, Trajectories, initial_states, model_policy, rollout
+from ragen_jax.rollout import (Policy, RolloutConfig, Trajectories, initial_states, model_policy, rollout,
+                               rollout_on_mesh)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.train_step import rollout_metrics
@@ -119,10 +119,12 @@ def _validate_compiled(params_state, codec, prompt, *, graph, env, env_params, e
                        mesh):
     """The compiled validation: jit's cache holds one executable per static setting (graph,
     env, env params, configs, mesh), shared by every `Validator` and `validate` call."""
-    model = nnx.merge(graph, params_state)
-    policy = model_policy(model, codec, prompt, eval_config.rollout_config(train_rollout_config))
-    return validation_rollout(policy, env, env_params, codec, prompt, eval_config, train_rollout_config,
-                              shard_rows=sharding.rows_constraint(mesh))
+    model, config = nnx.merge(graph, params_state), eval_config.rollout_config(train_rollout_config)
+    traj = rollout_on_mesh(  # per device on a data-only mesh, as in the train step
+        lambda part, rows: rollout(eval_config.key(), model_policy(model, codec, prompt, config, part), env,
+                                   env_params, codec, prompt, config, shard_rows=rows, part=part),
+        config.batch, mesh)
+    return validation_metrics(traj, config.group_size), traj
 
 
 class Validator:

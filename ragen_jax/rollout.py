@@ -29,7 +29,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec
 
+from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache
@@ -107,6 +109,28 @@ class Trajectories:
                             token_rewards=jnp.where(slots[None] == last[:, None], rewards[:, None], 0.0))
 
 
+@dataclasses.dataclass(frozen=True)
+class RowPart:
+    """Rows [index·size, (index+1)·size) of a batch of `total`: the share one device plays in a
+    data-parallel rollout (`Trainer` on a data-only mesh, inside a `shard_map`). Every random
+    draw is made for the whole batch and cut to these rows, so a part's trajectories are those
+    rows of a whole-batch rollout."""
+
+    index: Any  # int32 scalar (traced: the device's position on the mesh)
+    size: int
+    total: int
+
+    @staticmethod
+    def whole(batch: int) -> "RowPart":
+        return RowPart(0, batch, batch)
+
+    def take(self, x: jax.Array, axis: int = 0) -> jax.Array:
+        """This part's rows of x (the whole batch along `axis`)."""
+        if self.size == self.total:
+            return x
+        return jax.lax.dynamic_slice_in_dim(x, self.index * self.size, self.size, axis)
+
+
 class Policy:
     """What the loop needs from a policy: prefill text into its cache, decode a turn.
 
@@ -152,6 +176,7 @@ class ModelPolicy(Policy):
     stop_fn: Callable
     action_params: sampling.SamplingParams | None = None  # where `action_fn` says an action starts
     action_fn: Callable | None = None
+    part: RowPart | None = None  # the rows it plays of a data-parallel rollout (None: all)
 
     def init_cache(self, batch, length):
         return init_cache(self.model.cfg, batch, length)
@@ -160,21 +185,27 @@ class ModelPolicy(Policy):
         return sampling.prefill(self.model, cache, tokens, mask, offset, prev_logits)
 
     def decode(self, cache, logits, offset, key, done, turn):
+        part = self.part or RowPart.whole(logits.shape[0])
+        uniforms = part.take(sampling.draw_uniforms(key, self.max_new_tokens, part.total, self.params,
+                                                    self.action_params), axis=1)
         return sampling.decode(self.model, cache, logits, offset, key, num_steps=self.max_new_tokens,
                                params=self.params, eos_ids=self.eos_ids, stop_fn=self.stop_fn, done=done,
                                key_limit=offset + self.max_new_tokens, switch_fn=self.action_fn,
-                               switch_params=self.action_params)
+                               switch_params=self.action_params, uniforms=uniforms)
 
 
-def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig) -> ModelPolicy:
+def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig,
+                 part: RowPart | None = None) -> ModelPolicy:
     """Sampling from `model`, stopping at `</answer>` or at the chat's end-of-message token
-    (and, with `config.action_sampling`, drawing each action's first token with it)."""
+    (and, with `config.action_sampling`, drawing each action's first token with it); `part`:
+    the rows it plays of a data-parallel rollout (the same part as the rollout's)."""
     eos = tuple(sorted({*model.cfg.eos_token_ids, *([prompt.end_of_message_id] if prompt.end_of_message_id >= 0 else [])}))
     switch = config.action_sampling is not None
     return ModelPolicy(model, config.max_new_tokens, config.sampling, eos,
                        lambda tokens, lengths: ends_with_answer_close(codec, tokens, lengths),
                        config.action_sampling,
-                       (lambda tokens, lengths: action_starts_next(codec, tokens, lengths)) if switch else None)
+                       (lambda tokens, lengths: action_starts_next(codec, tokens, lengths)) if switch else None,
+                       part)
 
 
 def drawn_at(params: sampling.SamplingParams) -> float:
@@ -188,9 +219,12 @@ def member_keys(key: jax.Array, config: RolloutConfig) -> jax.Array:
     return jnp.repeat(jax.random.split(key, config.num_groups), config.group_size, axis=0)
 
 
-def initial_states(key: jax.Array, env: Environment, env_params: Any, config: RolloutConfig):
-    """One fresh episode per group, repeated for the group's members (same reset key)."""
-    return env.reset_batch(member_keys(key, config), env_params)
+def initial_states(key: jax.Array, env: Environment, env_params: Any, config: RolloutConfig,
+                   part: RowPart | None = None):
+    """One fresh episode per group, repeated for the group's members (same reset key); only
+    `part`'s rows when given."""
+    part = part or RowPart.whole(config.batch)
+    return env.reset_batch(part.take(member_keys(key, config)), env_params)
 
 
 def rollout(
@@ -202,17 +236,22 @@ def rollout(
     prompt: PromptTemplate,
     config: RolloutConfig,
     shard_rows: Callable = lambda x, axis=0: x,
+    part: RowPart | None = None,
 ) -> Trajectories:
     """Play `num_groups × group_size` trajectories; members of a group share the initial state.
 
     The initial states are `initial_states(jax.random.split(key)[0], ...)`. `shard_rows(x, axis)`
     places per-row arrays on a device mesh (`sharding.rows_constraint`); by default nothing.
+    `part`: play only those rows (a data-parallel rollout, one call per device; the policy
+    plays the same part): the same trajectories as those rows of a whole-batch rollout.
     """
-    batch, turns, gen_len = config.batch, config.max_turns, config.max_new_tokens
+    part = part or RowPart.whole(config.batch)
+    batch, turns, gen_len = part.size, config.max_turns, config.max_new_tokens
     k_reset, k_turns = jax.random.split(key)
-    states = shard_rows(initial_states(k_reset, env, env_params, config))
+    states = shard_rows(initial_states(k_reset, env, env_params, config, part))
     # with shared_env_noise, move n of a row draws from fold_in(its group's noise key, n)
-    noise_keys = member_keys(jax.random.fold_in(k_reset, 1), config) if config.shared_env_noise else None
+    noise_keys = (part.take(member_keys(jax.random.fold_in(k_reset, 1), config))
+                  if config.shared_env_noise else None)
     state_tokens = jax.vmap(env.state_tokens, in_axes=(0, None, None))
     render = jax.vmap(turn_ids, in_axes=(None, 0, None, 0, 0, 0, 0))
     text_answers = env.answer_kind == "text"
@@ -268,7 +307,7 @@ def rollout(
         """The env keys of every row's next move: the k-th of this turn, the taken-th of its episode."""
         if config.shared_env_noise:
             return jax.vmap(jax.random.fold_in)(noise_keys, taken)
-        return jax.random.split(jax.random.fold_in(k_env, k), batch)
+        return part.take(jax.random.split(jax.random.fold_in(k_env, k), part.total))
 
     def action_steps(carry: Carry, k_env, actions, num_parsed, format_ok):
         active = ~carry.finished
@@ -395,3 +434,22 @@ def rollout(
 
 def _rows(mask: jax.Array, like: jax.Array) -> jax.Array:
     return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
+
+
+def rollout_on_mesh(play: Callable[[RowPart | None, Callable], Trajectories], batch: int,
+                    mesh: jax.sharding.Mesh | None) -> Trajectories:
+    """`play(part, shard_rows)` — a rollout of `batch` rows — placed on `mesh`. On a mesh that
+    splits only `data` (every device holds the whole model) and divides the rows, each device
+    plays its own `RowPart` in a `shard_map`: no collectives in the decode loops, and on a CPU
+    the row chunks apply (docs/architecture.md, Sharding). The trajectories are those of one
+    device. Otherwise one rollout whose rows GSPMD places (`sharding.rows_constraint`)."""
+    if not sharding.replicas_only(mesh) or batch % mesh.shape["data"]:
+        return play(None, sharding.rows_constraint(mesh))
+    parts = mesh.shape["data"]
+
+    def per_device():
+        return play(RowPart(jax.lax.axis_index("data"), batch // parts, batch), lambda x, axis=0: x)
+
+    # no collectives inside, so the loop-carry varying-axis check is not needed
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(), out_specs=PartitionSpec(sharding.ROWS),
+                         check_vma=False)()

@@ -40,6 +40,11 @@ def row_shards(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def replicas_only(mesh: Mesh | None) -> bool:
+    """The mesh splits only `data`: every device holds the whole model (pure data parallel)."""
+    return mesh is not None and mesh.shape["data"] > 1 and mesh.shape["fsdp"] == mesh.shape["tensor"] == 1
+
+
 def rows_indivisible(rollout_batch: int, mini_batch_size: int, shards: int) -> str | None:
     """Why the rows cannot be split evenly over `shards` devices (None when they can): the
     rollout batch and every minibatch are split over the mesh's data×fsdp axes."""

@@ -32,7 +32,7 @@ from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
-from ragen_jax.rollout import RolloutConfig, Trajectories, model_policy, rollout
+from ragen_jax.rollout import RolloutConfig, Trajectories, model_policy, rollout, rollout_on_mesh
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
@@ -171,8 +171,7 @@ class Trainer:
         policy = nnx.merge(self.policy_graph, state.policy)
 
         # 1. rollout
-        traj = rollout(k_rollout, model_policy(policy, codec, prompt, cfg.rollout), self.env,
-                       self.env_params, codec, prompt, cfg.rollout, shard_rows=self.rows)
+        traj = self.play_rollout(state.policy, k_rollout, codec, prompt)
         metrics = rollout_metrics(traj)
 
         # 2. diagnostics on the current policy, before filtering
@@ -186,6 +185,14 @@ class Trainer:
         # 3-5. filter, advantages, update (shared with `update`, which takes a fixed batch)
         state, update_metrics = self._update(state.replace(key=key, diagnostics=diagnostics), traj, k_update)
         return state, {**metrics, **update_metrics}
+
+    def play_rollout(self, policy_state, key, codec, prompt) -> Trajectories:
+        """The step's rollout on its mesh (`rollout_on_mesh`: per device on a data-only mesh)."""
+        policy, cfg = nnx.merge(self.policy_graph, policy_state), self.config.rollout
+        return rollout_on_mesh(
+            lambda part, rows: rollout(key, model_policy(policy, codec, prompt, cfg, part), self.env,
+                                       self.env_params, codec, prompt, cfg, shard_rows=rows, part=part),
+            cfg.batch, self.mesh)
 
     def _gated(self, state, compute, carried=None):
         """Run `compute` (-> metrics dict, or (metrics, carried)) at step 1 and every

@@ -146,6 +146,23 @@ def test_fixed_seeds_give_identical_results_on_the_seeds_levels(setup, levels, v
     assert any(not np.array_equal(a.room_state, b.room_state) for a, b in zip(states, other_seed))
 
 
+def test_validation_on_a_data_only_mesh_plays_like_one_device(setup, validated):
+    """On a mesh that splits only `data` each device plays its own rows (`rollout_on_mesh`):
+    the same trajectories and metrics as the validation on one device."""
+    from ragen_jax import sharding
+
+    env, params, _, codec, prompt = setup
+    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
+    metrics, traj = Validator(model, env, params, codec, prompt, EVAL, TRAIN,
+                              sharding.make_mesh((2, 1, 1)))(nnx.state(model))
+    ref_metrics, ref_traj = validated[0]
+    np.testing.assert_array_equal(np.asarray(traj.tokens), np.asarray(ref_traj.tokens))
+    np.testing.assert_allclose(np.asarray(traj.logprobs), np.asarray(ref_traj.logprobs), atol=1e-5)
+    assert metrics.keys() == ref_metrics.keys()
+    for name in metrics:
+        np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-6, err_msg=name)
+
+
 def test_start_states_are_the_seeds_levels(setup, levels):
     """`EvalConfig.start_states` (host analyses of the validation levels) against the levels
     rebuilt here from the seed alone, row by row."""

@@ -76,7 +76,7 @@ def test_same_seed_same_numbers(parts, single, single_trainer):
     np.testing.assert_array_equal(flat(state.policy), flat(single[0].policy))
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2)])  # every axis at once (pure data parallel: tests/cli/test_multi_process.py)
+@pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1)])  # every axis at once; data only (per-device rollouts)
 def test_sharded_step_matches_one_device(parts, single, shape):
     mesh = sharding.make_mesh(shape)
     state, history = run(parts, trainer_for(parts, mesh))

@@ -26,6 +26,7 @@ import math
 import sys
 from pathlib import Path
 
+from ragen_jax import host_devices
 from ragen_jax import study as st  # numpy only; the jax-heavy imports stay inside the commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +138,7 @@ def learn(args) -> None:
         overrides = {**validation_overrides(args), **({"train.steps": str(args.steps)} if args.steps else {}),
                      **args.set}
         config = run_config(args.env, seed, overrides)
+        host_devices.split_host(config)  # as `python -m ragen_jax.train` does, before jax starts
         record_start(workdir / "start_validation.json", config)
         train_one(config, workdir, config.train.steps)
 

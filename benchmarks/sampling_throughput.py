@@ -216,7 +216,7 @@ def bench_tunix(ours, tok, texts, prompt_len, new, repeats):
 def engine_in_subprocess(python, engine, name, args, devices=None):
     """({"first", "steady"}, None) from `--engine engine` run by `python` in a fresh process, or
     (None, why). `devices`: that many CPU devices (jax fixes its device count when it starts)."""
-    from ragen_jax.plan import with_device_count
+    from ragen_jax.host_devices import with_device_count
 
     env = dict(os.environ)
     if devices is not None:

@@ -37,6 +37,8 @@ import re
 import sys
 import time
 
+from ragen_jax.host_devices import with_device_count
+
 EXIT_USAGE = 2
 
 
@@ -49,15 +51,6 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
     if not match or min(int(g) for g in match.groups()) < 1:
         raise PlanError(f"--mesh {text!r} must be DATAxFSDPxTENSOR with three sizes >= 1, e.g. 1x8x1")
     return tuple(int(g) for g in match.groups())
-
-
-def with_device_count(flags: str, count: int | None) -> str:
-    """XLA_FLAGS `flags` with `count` fake CPU devices instead of any count they had (None:
-    no count, i.e. jax's one device); every other flag kept."""
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags).split()
-    if count is not None:
-        flags.append(f"--xla_force_host_platform_device_count={count}")
-    return " ".join(flags)
 
 
 def use_fake_devices(count: int) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax import distributed, reasoning_check
+from ragen_jax import distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
@@ -300,8 +300,10 @@ def main(argv=None) -> int:
                                  workdir_required=False, multi_process=True)
     workdir = Path(args.workdir) if args.workdir else Path("runs") / Path(args.config).stem
     try:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         config = load_config(args.config, overrides)
+        if args.coordinator is None:  # before jax starts: one CPU device per core (host_devices.py)
+            host_devices.split_host(config)
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         return train(config, workdir)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)

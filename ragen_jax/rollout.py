@@ -112,7 +112,7 @@ class Trajectories:
 @dataclasses.dataclass(frozen=True)
 class RowPart:
     """Rows [index·size, (index+1)·size) of a batch of `total`: the share one device plays in a
-    data-parallel rollout (`Trainer` on a data-only mesh, inside a `shard_map`). Every random
+    data-parallel rollout (`rollout_on_mesh`, inside a `shard_map`). Every random
     draw is made for the whole batch and cut to these rows, so a part's trajectories are those
     rows of a whole-batch rollout."""
 

@@ -32,8 +32,8 @@ from flax import nnx
 
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.rollout import (Policy, RolloutConfig, Trajectories, initial_states, model_policy, rollout,
-                               rollout_on_mesh)
+from ragen_jax.rollout import (Policy, RolloutConfig, RowPart, Trajectories, initial_states, model_policy,
+                               rollout, rollout_on_mesh)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.train_step import rollout_metrics
@@ -97,19 +97,23 @@ def validation_metrics(traj: Trajectories, samples_per_env: int) -> dict[str, ja
 
 
 def validation_rollout(
-    policy: Policy,
+    policy_for: Callable[[RowPart | None], Policy],
     env: Environment,
     env_params: Any,
     codec: TextCodec,
     prompt: PromptTemplate,
     eval_config: EvalConfig,
     train_rollout_config: RolloutConfig,
-    shard_rows: Callable = lambda x, axis=0: x,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[dict[str, jax.Array], Trajectories]:
-    """Traceable: the validation rollout of any `Policy` (a model's, or a scripted one in
-    tests) and its metrics as f32 scalars. Keys from `eval_config.seed` only."""
+    """Traceable: the validation rollout of any policy (`policy_for(part)`: a model's, or a
+    scripted one in tests) and its metrics as f32 scalars, on `mesh` as the train step's
+    (`rollout_on_mesh`: per device on a data-only mesh). Keys from `eval_config.seed` only."""
     config = eval_config.rollout_config(train_rollout_config)
-    traj = rollout(eval_config.key(), policy, env, env_params, codec, prompt, config, shard_rows=shard_rows)
+    traj = rollout_on_mesh(
+        lambda part, rows: rollout(eval_config.key(), policy_for(part), env, env_params, codec, prompt, config,
+                                   shard_rows=rows, part=part),
+        config.batch, mesh)
     return validation_metrics(traj, config.group_size), traj
 
 
@@ -120,11 +124,8 @@ def _validate_compiled(params_state, codec, prompt, *, graph, env, env_params, e
     """The compiled validation: jit's cache holds one executable per static setting (graph,
     env, env params, configs, mesh), shared by every `Validator` and `validate` call."""
     model, config = nnx.merge(graph, params_state), eval_config.rollout_config(train_rollout_config)
-    traj = rollout_on_mesh(  # per device on a data-only mesh, as in the train step
-        lambda part, rows: rollout(eval_config.key(), model_policy(model, codec, prompt, config, part), env,
-                                   env_params, codec, prompt, config, shard_rows=rows, part=part),
-        config.batch, mesh)
-    return validation_metrics(traj, config.group_size), traj
+    return validation_rollout(lambda part: model_policy(model, codec, prompt, config, part), env, env_params,
+                              codec, prompt, eval_config, train_rollout_config, mesh)
 
 
 class Validator:

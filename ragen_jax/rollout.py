@@ -448,7 +448,7 @@ def rollout_on_mesh(play: Callable[[RowPart | None, Callable], Trajectories], ba
     parts = mesh.shape["data"]
 
     def per_device():
-        return play(RowPart(jax.lax.axis_index("data"), batch // parts, batch), lambda x, axis=0: x)
+        return play(RowPart(jax.lax.axis_index("data"), batch // parts, batch), sharding.rows_constraint(None))
 
     # no collectives inside, so the loop-carry varying-axis check is not needed
     return jax.shard_map(per_device, mesh=mesh, in_specs=(), out_specs=PartitionSpec(sharding.ROWS),

@@ -234,7 +234,7 @@ def scripted(setup, levels):
         for t, text in enumerate(texts):
             ids = tok.encode(text, add_special_tokens=False)
             tokens[b, t, : len(ids)], lengths[b, t] = ids, len(ids)
-    run = jax.jit(lambda tk, ln: validation_rollout(ScriptedPolicy(tk, ln), env, params, codec, prompt,
+    run = jax.jit(lambda tk, ln: validation_rollout(lambda part: ScriptedPolicy(tk, ln), env, params, codec, prompt,
                                                     SCRIPTED_EVAL, TRAIN))
     metrics, traj = run(tokens, lengths)
     return {k: float(v) for k, v in metrics.items()}, traj, planned, states

@@ -9,7 +9,8 @@ trajectories as readable text).
 Like `train`, it runs under several processes on one mesh (`--coordinator/--num-processes/
 --process-id`, or auto-detected on TPU pods and SLURM): every process restores its shards and
 plays its share of the levels; process 0 prints and writes. Any process count can evaluate a
-checkpoint written by any other.
+checkpoint written by any other. On a CPU it first gives the host one jax device per core when
+the run's mesh is the default, as `train` does (ragen_jax/host_devices.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import sys
 from pathlib import Path
 
 import jax
+import ml_collections
 from flax import nnx
 
-from ragen_jax import distributed, reasoning_check
+from ragen_jax import distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 
@@ -41,8 +43,9 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
     metrics, traj = validator(nnx.state(exp.model))
     k = eval_config.samples_per_env
     mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False)
-    mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size"))(
-        exp.model, traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(), group_size=k)
+    mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
+        exp.model, traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(), group_size=k,
+        mesh=exp.mesh)
     metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
                     or k_ == "mi/reasoning_length_mean"})
     traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
@@ -58,6 +61,18 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
     text = render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
     (workdir / f"eval_{step}_trajectories.txt").write_text(text)
     return result
+
+
+def split_host(workdir: Path, episodes: int | None, samples: int | None) -> int | None:
+    """Before jax starts: one jax device per CPU core, as `train` does (host_devices), as many as
+    divide the validation's rows; read from the run's saved config, so its mesh decides. A
+    missing or unreadable config sets nothing (evaluate then reports it)."""
+    try:
+        config = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+        rows = (episodes or config.eval.num_envs) * (samples or config.eval.samples_per_env)
+        return host_devices.split_host(config, (rows,))
+    except (OSError, ValueError, AttributeError, KeyError):
+        return None
 
 
 def table(result: dict) -> str:
@@ -93,6 +108,8 @@ def main(argv=None) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             print(f"error: --{name}={getattr(args, name)} must be >= 1", file=sys.stderr)
             return 2
+    if args.coordinator is None and (count := split_host(Path(args.workdir), args.episodes, args.samples)):
+        print(host_devices.note(count), file=sys.stderr)
     try:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         result = evaluate(Path(args.workdir), args.step, args.episodes, args.samples)

@@ -30,18 +30,26 @@ def device_count(cores: int, rows: tuple[int, ...]) -> int:
     return max(d for d in range(1, max(cores, 1) + 1) if all(r % d == 0 for r in rows))
 
 
-def split_host(config, cores: int | None = None) -> int | None:
-    """Before jax starts: XLA_FLAGS gains one CPU device per core (as many as divide the rollout
-    batch and the minibatch) when the config's mesh is plain data parallelism over all devices
-    and XLA_FLAGS names no device count. Returns the count it set, or None when it set none.
-    Only the CPU backend reads the flag: on an accelerator it changes nothing."""
+def split_host(config, rows: tuple[int, ...] | None = None, cores: int | None = None) -> int | None:
+    """Before jax starts: XLA_FLAGS gains one CPU device per core (as many as divide every count
+    in `rows`; by default the train step's rollout batch and minibatch) when the config's mesh
+    is plain data parallelism over all devices and XLA_FLAGS names no device count. Returns the
+    count it set, or None when it set none. Only the CPU backend reads the flag: on an
+    accelerator it changes nothing."""
     flags = os.environ.get("XLA_FLAGS", "")
     mesh = config.mesh
     if COUNT_FLAG in flags or (mesh.data, mesh.fsdp, mesh.tensor) != (-1, 1, 1):
         return None
-    rows = (config.rollout.num_groups * config.rollout.group_size, config.algo.mini_batch_size)
+    if rows is None:
+        rows = (config.rollout.num_groups * config.rollout.group_size, config.algo.mini_batch_size)
     count = device_count(cores or os.cpu_count() or 1, rows)
     if count == 1:
         return None
     os.environ["XLA_FLAGS"] = with_device_count(flags, count)
     return count
+
+
+def note(count: int) -> str:
+    """What a command prints (to stderr) when `split_host` set `count` devices."""
+    return (f"note: one jax device per CPU core ({count}; on an accelerator this changes nothing); "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=1 keeps one")

@@ -302,8 +302,7 @@ def main(argv=None) -> int:
     try:
         config = load_config(args.config, overrides)
         if args.coordinator is None and (count := host_devices.split_host(config)):  # before jax starts
-            print(f"note: one jax device per CPU core ({count}; on an accelerator this changes nothing); "
-                  "XLA_FLAGS=--xla_force_host_platform_device_count=1 keeps one", file=sys.stderr)
+            print(host_devices.note(count), file=sys.stderr)
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         return train(config, workdir)
     except (ConfigError, CheckpointError) as err:

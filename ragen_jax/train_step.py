@@ -208,7 +208,7 @@ class Trainer:
         from ragen_jax.diagnostics.diagnose import diagnose
 
         compute = lambda: diagnose(policy, traj, key, self.config.diagnostics, state.diagnostics,
-                                   group_size=self.config.rollout.group_size)
+                                   group_size=self.config.rollout.group_size, mesh=self.mesh)
         return self._gated(state, compute, state.diagnostics)
 
     def _grad_analysis(self, state, traj):

@@ -20,13 +20,24 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from ragen_jax import sharding
 from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, token_logprobs
 
 
-def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8) -> KVCache:
+def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
+                    mesh: jax.sharding.Mesh | None = None) -> KVCache:
     """Keys/values of whole buffers tokens/mask [R, L] (holes skipped, RoPE over valid slots),
-    `block_rows` rows per forward (the attention scores of a forward are rows × L × L)."""
+    `block_rows` rows per forward (the attention scores of a forward are rows × L × L). On a
+    data-only `mesh` each device prefills its own rows (`sharding.per_device_rows`)."""
+    rows_spec = PartitionSpec(None, sharding.ROWS)  # cache keys/values: [layers, R, ...]
+    return sharding.per_device_rows(lambda model, tokens, mask: _prefill(model, tokens, mask, block_rows), mesh,
+                                    (model,), (tokens, mask),
+                                    KVCache(rows_spec, rows_spec, PartitionSpec(sharding.ROWS)))
+
+
+def _prefill(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
     rows, length = tokens.shape
     block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
     mask = mask.astype(bool)
@@ -53,6 +64,7 @@ def score_continuations(
     cont: jax.Array,
     cont_mask: jax.Array,
     own_column: jax.Array | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(cont[i, t] | prompt of column c, cont[i, <t]) for every row i and column slot c.
 
@@ -61,8 +73,19 @@ def score_continuations(
     before `ends[i, c]` (all below the static `prompt_width` ≤ L). cont, cont_mask [M, W]:
     left-aligned continuations (holes only after the last valid token).
     Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
-    the full-distribution entropy [M, W] at each row's own column (else None).
+    the full-distribution entropy [M, W] at each row's own column (else None). On a data-only
+    `mesh` each device scores its own rows under every column (`sharding.per_device_rows`).
     """
+    if own_column is None:
+        score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows, None)
+        split = (columns, ends, cont, cont_mask)
+    else:
+        score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows)
+        split = (columns, ends, cont, cont_mask, own_column)
+    return sharding.per_device_rows(score, mesh, (model, cache, tokens), split)
+
+
+def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column):
     num_rows, width = cont.shape
     cont_mask = cont_mask.astype(bool)
     k = cache.k[:, :, :, :prompt_width]

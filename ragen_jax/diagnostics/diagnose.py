@@ -91,36 +91,37 @@ class DiagnosticsState:
         return cls(MIEmaState.create(), MIEmaState.create(), collapse.CollapseState.create())
 
 
-def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8):
+def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8, mesh=None):
     """(cache, tokens): the batch's buffers prefilled over every slot a prompt of any pair set
     may use — up to the last turn's generation offset, and the whole first turn (the [x, z]
     prompts of action grounding)."""
     offsets = traj.turn_offsets
     width = max(offsets[-1], offsets[0] + pairs_lib.generation_width(traj))
     tokens = traj.tokens[:, :width]
-    return buffer_scoring.prefill_buffers(model, tokens, traj.mask[:, :width], prefill_rows), tokens
+    return buffer_scoring.prefill_buffers(model, tokens, traj.mask[:, :width], prefill_rows, mesh), tokens
 
 
-def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False):
+def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False, mesh=None):
     """Cross product: every row of `pairs` under every column's prompt."""
     m, n = pairs.rows.shape[0], pairs.column_rows.shape[0]
     ends = jnp.asarray(traj.turn_offsets, jnp.int32)[pairs.column_turns]
     columns = jnp.broadcast_to(pairs.column_rows[None, :], (m, n))
     return buffer_scoring.score_continuations(
         model, cache, tokens, pairs.prompt_width, columns, jnp.broadcast_to(ends[None, :], (m, n)), cont, cont_mask,
-        own_column=pairs.true_column if own else None)
+        own_column=pairs.true_column if own else None, mesh=mesh)
 
 
 def _thinking_rate(pairs):
     return pairs.valid.sum().astype(jnp.float32) / jnp.maximum(pairs.drawn.sum(), 1).astype(jnp.float32)
 
 
-def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answer=False, with_stats=True):
+def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answer=False, with_stats=True,
+               mesh=None):
     """SPEC §5 metrics of one pair set; with_stats: + reasoning entropy and length; with_answer:
     also the answer scores under the same columns (action state dependence)."""
     s = pairs_lib.samples(traj, pairs, answer_tokens)
     cont_mask = (s.reasoning_mask | s.answer_mask) if with_answer else s.reasoning_mask
-    logp, entropy = _score(model, cache, tokens, traj, pairs, s.tokens, cont_mask, own=with_stats)
+    logp, entropy = _score(model, cache, tokens, traj, pairs, s.tokens, cont_mask, own=with_stats, mesh=mesh)
     scores, scores_sum = buffer_scoring.mean_and_sum(logp, s.reasoning_mask)
     equivalent = equivalent_columns(*pairs_lib.prompts(traj, pairs))
     metrics, ema = mi_metrics(scores, scores_sum, pairs.true_column, equivalent, pairs.valid, ema)
@@ -137,7 +138,7 @@ def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answe
     return metrics, ema, action
 
 
-def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_tokens: int):
+def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_tokens: int, mesh=None):
     """R [B, K], R_sum, valid [B], equivalent [G, K, K]: answer of trajectory i = g·K + r under
     (its group's first-turn prompt, the first-turn reasoning of member c) for c < K."""
     batch = traj.tokens.shape[0]
@@ -152,7 +153,7 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     ends = offset + z_len[columns]  # the prompt [x, z_c] ends right after z_c
     width = offset + pairs_lib.generation_width(traj)
     logp, _ = buffer_scoring.score_continuations(model, cache, tokens, width, columns, ends, s.answer,
-                                                 s.answer_only_mask)
+                                                 s.answer_only_mask, mesh=mesh)
     scores, scores_sum = buffer_scoring.mean_and_sum(logp, s.answer_only_mask)
     valid = traj.turn_active[:, 0] & (z_len > 0) & s.answer_only_mask.any(axis=1)
     z = jnp.where(s.reasoning_mask, s.tokens, -1).reshape(batch // group_size, group_size, -1)
@@ -160,10 +161,10 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     return scores, scores_sum, valid, equivalent
 
 
-def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens):
+def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens, mesh):
     """I(Z; A | X) per group (vmapped `mi_metrics`), pooled over groups by valid rows."""
     scores, scores_sum, valid, equivalent = action_reasoning_scores(model, cache, tokens, traj, group_size,
-                                                                    answer_tokens)
+                                                                    answer_tokens, mesh)
     groups = traj.tokens.shape[0] // group_size
     split = lambda a: a.reshape((groups, group_size) + a.shape[1:])
     true_column = jnp.broadcast_to(jnp.arange(group_size), (groups, group_size))
@@ -176,7 +177,7 @@ def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens):
     return out
 
 
-def _per_turn(model, cache, tokens, traj, key, config):
+def _per_turn(model, cache, tokens, traj, key, config, mesh):
     """A few metrics of I(X_t; Z_t) for each turn index t (one compiled body, `lax.map`)."""
     turns = len(traj.turn_offsets)
 
@@ -184,7 +185,7 @@ def _per_turn(model, cache, tokens, traj, key, config):
         turn, turn_key = args
         pairs = pairs_lib.turn_pairs(traj, turn_key, turn, config.per_turn_samples)
         metrics, _, _ = _mi_of_set(model, cache, tokens, traj, pairs, config.answer_tokens, MIEmaState.create(),
-                                   with_stats=False)
+                                   with_stats=False, mesh=mesh)
         out = {name: metrics[name] for name in TURN_METRICS}
         out["valid_samples"] = pairs.valid.sum().astype(jnp.float32)
         out["valid_thinking_rate"] = metrics["valid_thinking_rate"]
@@ -201,35 +202,39 @@ def diagnose(
     state: DiagnosticsState,
     *,
     group_size: int,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[dict[str, jax.Array], DiagnosticsState]:
     """Every diagnostic metric of one rollout (f32 scalars) and the updated state.
 
     traj: a `rollout.Trajectories` whose rows g·group_size … (g+1)·group_size − 1 are group g.
-    Jit with `config` and `group_size` static. Keys: split(key, 3) → first-turn, trajectory and
-    per-turn draws.
+    Jit with `config`, `group_size` and `mesh` static. Keys: split(key, 3) → first-turn,
+    trajectory and per-turn draws. On a `mesh` that splits only `data`, each device prefills and
+    scores its own rows (`sharding.per_device_rows`); the metrics are one device's up to float
+    rounding.
     """
     k_first, k_traj, k_turn = jax.random.split(key, 3)
-    cache, tokens = buffer_cache(model, traj, config.prefill_rows)
+    cache, tokens = buffer_cache(model, traj, config.prefill_rows, mesh)
     metrics: dict[str, jax.Array] = {}
 
     first = pairs_lib.first_turn_pairs(traj, k_first, config.num_samples, group_size)
     first_metrics, first_ema, action_state = _mi_of_set(model, cache, tokens, traj, first, config.answer_tokens,
-                                                        state.first_turn, with_answer=config.action_grounding)
+                                                        state.first_turn, with_answer=config.action_grounding,
+                                                        mesh=mesh)
     metrics.update({f"mi/first_turn/{k}": v for k, v in first_metrics.items()})
 
     trajectory = pairs_lib.trajectory_pairs(traj, k_traj, config.num_samples)
     traj_metrics, traj_ema, _ = _mi_of_set(model, cache, tokens, traj, trajectory, config.answer_tokens,
-                                           state.trajectory)
+                                           state.trajectory, mesh=mesh)
     metrics.update({f"mi/trajectory/{k}": v for k, v in traj_metrics.items()})
 
     if config.per_turn:
-        per_turn = _per_turn(model, cache, tokens, traj, k_turn, config)
+        per_turn = _per_turn(model, cache, tokens, traj, k_turn, config, mesh)
         for t in range(len(traj.turn_offsets)):
             metrics.update({f"mi/turn{t}/{k}": v[t] for k, v in per_turn.items()})
 
     if config.action_grounding:
         metrics.update({f"mi/action_state/{k}": v for k, v in action_state.items()})
-        reasoning = _action_reasoning(model, cache, tokens, traj, group_size, config.answer_tokens)
+        reasoning = _action_reasoning(model, cache, tokens, traj, group_size, config.answer_tokens, mesh)
         metrics.update({f"mi/action_reasoning/{k}": v for k, v in reasoning.items()})
 
     played = traj.turn_active

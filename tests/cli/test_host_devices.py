@@ -25,7 +25,7 @@ def config(**mesh) -> ml_collections.ConfigDict:
 @pytest.mark.parametrize("cores, want", [(2, 2), (6, 4), (8, 8), (64, 32), (1, None)])
 def test_split_host_sets_one_device_per_core_that_divides_the_rows(monkeypatch, cores, want):
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
-    assert host_devices.split_host(config(), cores) == want
+    assert host_devices.split_host(config(), cores=cores) == want
     expected = "--xla_backend_optimization_level=0"
     if want:
         expected += f" --xla_force_host_platform_device_count={want}"
@@ -39,5 +39,22 @@ def test_split_host_sets_one_device_per_core_that_divides_the_rows(monkeypatch, 
 ])
 def test_split_host_leaves_a_given_count_or_mesh_alone(monkeypatch, flags, mesh):
     monkeypatch.setenv("XLA_FLAGS", flags)
-    assert host_devices.split_host(config(**mesh), 8) is None
+    assert host_devices.split_host(config(**mesh), cores=8) is None
     assert host_devices.os.environ["XLA_FLAGS"] == flags
+
+
+def test_evaluate_splits_for_the_validation_rows_of_the_saved_config(monkeypatch, tmp_path):
+    from ragen_jax import evaluate
+    from ragen_jax.config import to_json
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(host_devices.os, "cpu_count", lambda: 8)
+    saved = config()
+    saved.eval.update(num_envs=6, samples_per_env=1)
+    (tmp_path / "config.json").write_text(to_json(saved))
+    assert evaluate.split_host(tmp_path, None, None) == 6  # 6 levels x 1 sample
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert evaluate.split_host(tmp_path, 4, 2) == 8  # --episodes 4 --samples 2
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert evaluate.split_host(tmp_path / "missing", None, None) is None  # evaluate reports it
+    assert host_devices.os.environ["XLA_FLAGS"] == ""

@@ -3,6 +3,7 @@ and one clear line + exit code 2 for every kind of bad input."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
     assert "SIGTERM" in stderr
 
 
-def test_evaluate_writes_results_and_trajectories(full_run, capsys):
+def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     assert evaluate.main(["--workdir", str(full_run), "--episodes", "2", "--samples", "2"]) == 0
     out = capsys.readouterr().out
     assert "pass@2" in out and "success" in out
@@ -89,6 +90,19 @@ def test_evaluate_writes_results_and_trajectories(full_run, capsys):
     assert 0.0 <= result["metrics"]["success"] <= result["metrics"]["pass@k"] <= 1.0
     assert "mi/first_turn/mi_estimate" in result["metrics"]
     assert "Turn 1" in (full_run / "eval_6_trajectories.txt").read_text()
+    # Run as a command with no device count in XLA_FLAGS on a run whose mesh is the default,
+    # evaluate gives the CPU one jax device per core (as train does): the same episodes.
+    split = tmp_path / "split"
+    shutil.copytree(full_run, split)
+    config = json.loads((split / "config.json").read_text())
+    config["mesh"]["data"] = -1
+    (split / "config.json").write_text(json.dumps(config))
+    done = command("ragen_jax.evaluate", "--workdir", str(split), "--episodes", "2", "--samples", "2",
+                   env={"XLA_FLAGS": ""})
+    assert done.returncode == 0 and "one jax device per CPU core" in done.stderr, done.stderr[-2000:]
+    again = json.loads((split / "eval_6.json").read_text())["metrics"]
+    for name in ("success", "pass@k", "return", "valid_action_rate"):
+        assert again[name] == result["metrics"][name]
     # an older step restores too, and gives its own file
     assert evaluate.main(["--workdir", str(full_run), "--step", "3", "--episodes", "2"]) == 0
     assert (full_run / "eval_3.json").exists()
@@ -199,7 +213,6 @@ def test_evaluate_and_export_bad_input(full_run, tmp_path, capsys):
 
 
 def test_a_corrupt_checkpoint_is_reported_and_left_alone(full_run, tmp_path, capsys):
-    import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(full_run, broken)

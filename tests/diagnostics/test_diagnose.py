@@ -183,6 +183,22 @@ def test_outputs_and_state(results):
     assert 0.0 < copy1["mi/first_turn/reasoning_token_entropy"] < 1.0
 
 
+def test_a_data_mesh_scores_rows_per_device_with_the_same_metrics(traj, copy_model, results):
+    """On a mesh that splits only `data`, every device prefills and scores its own rows
+    (sharding.per_device_rows; 8 devices: 2 rows each, one per-turn sample each): the metrics of
+    one device, up to float rounding."""
+    from ragen_jax import sharding
+
+    mesh = sharding.make_mesh((8, 1, 1))
+    _, want, _, (state, _, _), _ = results
+    placed = jax.device_put(traj, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(sharding.ROWS)))
+    diagnose_on_mesh = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))
+    got, _ = diagnose_on_mesh(copy_model, placed, jax.random.key(1), CONFIG, state, group_size=SIZE, mesh=mesh)
+    assert set(got) == set(want)
+    for name, value in got.items():
+        assert float(value) == pytest.approx(want[name], rel=1e-4, abs=1e-5), name
+
+
 def test_switches_drop_their_metrics(traj, template_model):
     config = dataclasses.replace(CONFIG, per_turn=False, action_grounding=False)
     shapes, _ = jax.eval_shape(lambda m, t: diagnose(m, t, jax.random.key(0), config, DiagnosticsState.create(),

@@ -392,14 +392,22 @@ def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
     tr = Trainer(config, model, env, params, codec, prompt)
     state = tr.init_state(jax.random.key(0), model)
     assert isinstance(state.diagnostics, DiagnosticsState)
-    computed = []
+    computed, first = [], None
     for _ in range(4):
         state, metrics = tr.step(state)
         mi = [float(v) for k, v in metrics.items() if k.startswith("mi/")]
         assert mi and (all(np.isfinite(mi)) or all(np.isnan(mi)))
         computed.append(bool(np.isfinite(mi[0])))
         assert np.isfinite(float(metrics["rollout/success"]))
+        first = first or {k: float(v) for k, v in metrics.items() if k.startswith("mi/")}
     assert computed == [True, True, False, True]
+    # on a data-only mesh each device scores its own rows inside the step: the same metrics
+    from ragen_jax import sharding
+
+    on_mesh = Trainer(config, model, env, params, codec, prompt, sharding.make_mesh((2, 1, 1)))
+    _, metrics = on_mesh.step(on_mesh.init_state(jax.random.key(0), model))
+    for name, value in first.items():
+        np.testing.assert_allclose(float(metrics[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_gradient_analysis_runs_in_the_step_on_the_diagnostics_schedule(setup):

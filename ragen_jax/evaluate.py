@@ -27,6 +27,7 @@ from flax import nnx
 from ragen_jax import distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
+from ragen_jax.files import write_atomically
 
 
 def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int | None, show: int = 4) -> dict:
@@ -54,12 +55,9 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
     if not distributed.is_lead():
         return result
-    out = workdir / f"eval_{step}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(out)
+    write_atomically(workdir / f"eval_{step}.json", json.dumps(result, indent=2))
     text = render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
-    (workdir / f"eval_{step}_trajectories.txt").write_text(text)
+    write_atomically(workdir / f"eval_{step}_trajectories.txt", text)
     return result
 
 

@@ -46,6 +46,7 @@ from flax import nnx
 from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
+from ragen_jax.files import write_atomically
 from ragen_jax.rollout import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
 
 NOISE = 0.1
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
     metrics, _ = validator(nnx.state(exp.model))
     log(f"validation after SFT: success {metrics['success']:.3f}, valid actions {metrics['valid_action_rate']:.3f}")
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json(indent=2, sort_keys=True))
+    write_atomically(workdir / "config.json", config.to_json(indent=2, sort_keys=True))
     checkpoints = Checkpoints(workdir, keep=1)
     state = TrainState(step=jnp.int32(0), key=jax.random.key(0), policy=nnx.state(exp.model), policy_opt=None,
                        critic=None, critic_opt=None, reference=None, empty_streak=jnp.int32(0), diagnostics=None)

@@ -36,6 +36,7 @@ from ragen_jax import distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
+from ragen_jax.files import write_atomically
 
 EXIT_USAGE, EXIT_PREEMPTED = 2, 143
 # Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
@@ -85,11 +86,8 @@ def check_workdir(workdir: Path, config) -> None:
 
 
 def write_config(workdir: Path, config) -> None:
-    saved_path = workdir / "config.json"
     workdir.mkdir(parents=True, exist_ok=True)
-    tmp = workdir / "config.json.tmp"
-    tmp.write_text(config_lib.to_json(config))
-    tmp.replace(saved_path)
+    write_atomically(workdir / "config.json", config_lib.to_json(config))
 
 
 class MetricsLog:
@@ -120,9 +118,7 @@ class MetricsLog:
         if not self.path.exists():
             return []
         kept = read_history(self.path, resume_step)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        tmp.replace(self.path)
+        write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         return kept
 
     def write(self, step: int, metrics: dict) -> None:

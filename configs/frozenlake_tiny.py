@@ -28,7 +28,7 @@ room. It reads the board as well (player cell right 99.9%), solves 0.403, and it
 vary between attempts; RL removes its random moves within ≈ 50 steps and ends at 0.60
 (+19.4 / +20.6 / +19.4 over 3 seeds), where RL from the second stage ends (docs/results.md
 §25). With one jax device per core, what `python -m ragen_jax.train` sets up on a CPU: +20.4 /
-+20.4 / +17.8 in about 5 minutes a run on 2 cores (§27)."""
++20.4 / +17.8 in about 4 minutes a run on 2 cores (§27-§28)."""
 
 from ragen_jax.config import tiny_cpu_config
 

@@ -29,7 +29,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import PartitionSpec
 
 from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
@@ -443,13 +442,11 @@ def rollout_on_mesh(play: Callable[[RowPart | None, Callable], Trajectories], ba
     plays its own `RowPart` in a `shard_map`: no collectives in the decode loops, and on a CPU
     the row chunks apply (docs/architecture.md, Sharding). The trajectories are those of one
     device. Otherwise one rollout whose rows GSPMD places (`sharding.rows_constraint`)."""
-    if not sharding.replicas_only(mesh) or batch % mesh.shape["data"]:
+    if not sharding.splits_rows(mesh, batch):
         return play(None, sharding.rows_constraint(mesh))
-    parts = mesh.shape["data"]
+    size = batch // mesh.shape["data"]
 
-    def per_device():
-        return play(RowPart(jax.lax.axis_index("data"), batch // parts, batch), sharding.rows_constraint(None))
+    def own(rows):  # this device's row indices
+        return play(RowPart(rows[0] // size, size, batch), sharding.rows_constraint(None))
 
-    # no collectives inside, so the loop-carry varying-axis check is not needed
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(), out_specs=PartitionSpec(sharding.ROWS),
-                         check_vma=False)()
+    return sharding.per_device_rows(own, mesh, (), (jnp.arange(batch, dtype=jnp.int32),))

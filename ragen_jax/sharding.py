@@ -45,6 +45,12 @@ def replicas_only(mesh: Mesh | None) -> bool:
     return mesh is not None and mesh.shape["data"] > 1 and mesh.shape["fsdp"] == mesh.shape["tensor"] == 1
 
 
+def splits_rows(mesh: Mesh | None, *row_counts: int) -> bool:
+    """Each device of `mesh` can compute its own share of every count of rows by itself: the
+    mesh splits only `data` and divides them (`per_device_rows`, `rollout.rollout_on_mesh`)."""
+    return replicas_only(mesh) and all(n % mesh.shape["data"] == 0 for n in row_counts)
+
+
 def per_device_rows(fn, mesh: Mesh | None, shared: tuple, split: tuple, out_specs: Any = PartitionSpec(ROWS)):
     """fn(*shared, *split) with the rows (leading axis) of the `split` arrays spread over a mesh
     that splits only `data`: each device computes its own rows in a `shard_map`, with `shared`
@@ -53,7 +59,7 @@ def per_device_rows(fn, mesh: Mesh | None, shared: tuple, split: tuple, out_spec
     one device per core, a diagnose of 1024 rows took twice one device's time. `out_specs` places
     fn's outputs (by default rows on axis 0). Plain fn elsewhere: no mesh, a mesh that shards the
     model, or rows that do not divide."""
-    if not replicas_only(mesh) or any(x.shape[0] % mesh.shape["data"] for x in jax.tree.leaves(split)):
+    if not splits_rows(mesh, *(x.shape[0] for x in jax.tree.leaves(split))):
         return fn(*shared, *split)
     in_specs = (PartitionSpec(),) * len(shared) + (PartitionSpec(ROWS),) * len(split)
     # no collectives inside, so the loop-carry varying-axis check is not needed

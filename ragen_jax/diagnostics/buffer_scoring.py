@@ -76,16 +76,12 @@ def score_continuations(
     the full-distribution entropy [M, W] at each row's own column (else None). On a data-only
     `mesh` each device scores its own rows under every column (`sharding.per_device_rows`).
     """
-    if own_column is None:
-        score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows, None)
-        split = (columns, ends, cont, cont_mask)
-    else:
-        score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows)
-        split = (columns, ends, cont, cont_mask, own_column)
+    split = (columns, ends, cont, cont_mask) + (() if own_column is None else (own_column,))
+    score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows)
     return sharding.per_device_rows(score, mesh, (model, cache, tokens), split)
 
 
-def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column):
+def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column=None):
     num_rows, width = cont.shape
     cont_mask = cont_mask.astype(bool)
     k = cache.k[:, :, :, :prompt_width]

@@ -297,18 +297,35 @@ class Attention(nnx.Module):
         self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
         self.o_proj = Linear(cfg, rngs, cfg.num_heads * hd, d, (TENSOR, FSDP))
 
+    def fused_projection(self) -> tuple[jax.Array, jax.Array]:
+        """The q, k and v projections as one kernel [hidden, (heads + 2 kv_heads) * head_dim] and
+        its bias (see `Qwen2.decode_projections`)."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        return (jnp.concatenate([p.kernel[...] for p in parts], axis=1),
+                jnp.concatenate([p.bias[...] for p in parts]))
+
     def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset, query=None,
-                 query_block: int = ATTENTION_BLOCK):
+                 query_block: int = ATTENTION_BLOCK, fused=None):
         cfg = self.cfg
         b, t, _ = x.shape
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
+        if fused is None:
+            k, v = self.k_proj(x), self.v_proj(x)
+        else:  # `fused_projection()`, computed once by the caller
+            kernel, bias = fused
+            qkv = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+            every_q, k, v = jnp.split(qkv, (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
-        k = apply_rope(self.k_proj(x).reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
-        v = self.v_proj(x).reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
+        k = apply_rope(k.reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
+        v = v.reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
         if query is not None:  # outputs of one slot per row only (see Qwen2.__call__)
             x, cos, sin, attn_mask = (_pick(a, query) for a in (x, cos, sin, attn_mask))
             t = 1
-        q = apply_rope(self.q_proj(x).reshape(b, t, cfg.num_heads, hd), cos, sin)
+        if fused is None:
+            q = self.q_proj(x)
+        else:
+            q = every_q if query is None else _pick(every_q, query)
+        q = apply_rope(q.reshape(b, t, cfg.num_heads, hd), cos, sin)
         layered = False  # keys read from a per-layer cache (see KVCache)
         if cache is not None:  # write this chunk at `offset`, then attend over the buffer
             cache = cache.write(layer, k, v, offset)
@@ -341,21 +358,23 @@ class Attention(nnx.Module):
 CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
 
 
-def chunks_apply() -> bool:
-    """Row chunks are for a single CPU device: accelerators keep one large kernel, and on a mesh
-    a loop over the rows of a sharded batch puts collectives inside it (8 fake CPU devices
-    deadlocked in them). Inside a `shard_map` over every mesh axis each device runs its own rows
-    with no collectives, so they apply there too (a data-parallel `sampling.generate`)."""
+def on_cpu_per_device() -> bool:
+    """Whether the CPU-only shapes apply (row chunks, `in_row_chunks`; the fused q/k/v projection
+    of a decode step, `Qwen2.fused_projections`): on a single CPU device. Accelerators keep one
+    large kernel and the sharded weights as they are; on a mesh a loop over the rows of a sharded
+    batch puts collectives inside it (8 fake CPU devices deadlocked in them). Inside a
+    `shard_map` over every mesh axis each device runs its own rows with no collectives, so they
+    apply there too (a data-parallel `sampling.generate`)."""
     mesh = jax.sharding.get_abstract_mesh()
     per_device = jax.device_count() == 1 or (not mesh.empty and mesh.are_all_axes_manual)
     return jax.default_backend() == "cpu" and per_device
 
 
 def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
-    """Rows per chunk for `in_row_chunks`: all of them, except where `chunks_apply` and the
+    """Rows per chunk for `in_row_chunks`: all of them, except where `on_cpu_per_device` and the
     rows' activations exceed CHUNK_FLOATS; then as few equal chunks as keep each within it (or
     at `minimum` rows)."""
-    if not chunks_apply() or rows * floats_per_row <= CHUNK_FLOATS:
+    if not on_cpu_per_device() or rows * floats_per_row <= CHUNK_FLOATS:
         return rows
     pieces = -(-rows // max(minimum, CHUNK_FLOATS // floats_per_row))
     return -(-rows // pieces)  # equal chunks: the least padding
@@ -444,9 +463,10 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, h, cos, sin, attn_mask, cache, layer, offset, query=None, query_block=ATTENTION_BLOCK):
+    def __call__(self, h, cos, sin, attn_mask, cache, layer, offset, query=None, query_block=ATTENTION_BLOCK,
+                 fused=None):
         attn, cache = self.self_attn(self.input_layernorm(h), cos, sin, attn_mask, cache, layer, offset, query,
-                                     query_block)
+                                     query_block, fused)
         h = (h if query is None else _pick(h, query)) + attn
         return h + self.mlp(self.post_attention_layernorm(h), in_chunks=cache is not None), cache
 
@@ -466,7 +486,7 @@ class Qwen2(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                  cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None,
                  query: jax.Array | None = None, rope: tuple[jax.Array, jax.Array] | None = None,
-                 query_block: int = ATTENTION_BLOCK):
+                 query_block: int = ATTENTION_BLOCK, fused: tuple | None = None):
         """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
         themselves; with a cache the chunk is written at slot `offset` and attends to the
         cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache).
@@ -486,7 +506,10 @@ class Qwen2(nnx.Module):
         many slots, each reading only the keys up to its own last slot. The default (128)
         keeps the compiled train step small; `generate` prefills its prompt in blocks of
         PREFILL_BLOCK (32), which halves a 128-token prompt's attention time on CPU at the
-        cost of a larger graph."""
+        cost of a larger graph.
+
+        `fused` = `decode_projections()` computes each layer's q, k and v in one matmul; a decode
+        loop builds it once before the loop."""
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
         mask = mask.astype(bool)
@@ -505,16 +528,26 @@ class Qwen2(nnx.Module):
         query_slot = offset + jnp.arange(t)
         attn_mask = (key_slot[None, :] <= query_slot[:, None])[None] & key_valid[:, None, :]
 
-        def run(block, h, cache, layer, query):
-            return block(h, cos, sin, attn_mask, cache, layer, offset, query, query_block)
+        def run(block, h, cache, layer, query, fused):
+            return block(h, cos, sin, attn_mask, cache, layer, offset, query, query_block, fused)
 
         for layer, block in enumerate(self.layers):
             pick = query if layer == len(self.layers) - 1 else None
+            qkv = None if fused is None else fused[layer]
             if cfg.remat:
-                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer, pick)
+                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer, pick, qkv)
             else:
-                h, cache = run(block, h, cache, layer, pick)
+                h, cache = run(block, h, cache, layer, pick, qkv)
         return self.norm(h), cache
+
+    def decode_projections(self) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
+        """`fused` for a decode loop's `__call__`: every layer's q/k/v kernels as one
+        (`Attention.fused_projection`) where `on_cpu_per_device` — a CPU matmul over a decode
+        step's few rows costs about the same for 256 or 512 outputs, and a `small` decode step
+        is ~3% faster — else None (each projection its own matmul, sharded as its weights are)."""
+        if not on_cpu_per_device():
+            return None
+        return tuple(block.self_attn.fused_projection() for block in self.layers)
 
     def head_weight(self) -> jax.Array:
         return (self.embed_tokens if self.lm_head is None else self.lm_head)[...]

@@ -284,7 +284,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, rope=rope)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, rope=rope, fused=fused)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
@@ -298,6 +298,7 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
     # a cache already in that form is used as it is.
     work = cache if cache.layered else cache.per_layer(key_limit)
     rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
+    fused = model.decode_projections()  # once per call, not once per step
     _, work, out, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out, jnp.zeros((b,), bool)))
     return (work if cache.layered else work.merge_into(cache)), out
 

@@ -106,6 +106,30 @@ def test_logprobs_at_requested_positions(hf_models, batch):
     np.testing.assert_allclose(np.asarray(ent), want_ent, atol=TOL)
 
 
+def test_fused_projections_match_transformers_and_the_separate_ones(hf_models, batch, monkeypatch):
+    """The q/k/v projections as one matmul (`decode_projections`, on one CPU device) give
+    transformers' logits, and the separate projections' within float rounding, with every slot
+    as a query and with one query slot per row (the prefill's last layer); elsewhere (this suite
+    runs 8 fake devices) there are none."""
+    from ragen_jax.models import qwen2
+
+    torch_model, path = hf_models["untied"]
+    model = hf.load_pretrained(path)
+    ids, mask = batch
+    assert model.decode_projections() is None
+    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)
+    fused = model.decode_projections()
+    assert len(fused) == model.cfg.num_layers
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
+    ref = hf_logits(torch_model, ids, mask, positions)
+    got = ours_logits(model, ids, mask, fused=fused)
+    assert np.abs(got - ref)[mask].max() <= TOL
+    np.testing.assert_allclose(got, ours_logits(model, ids, mask), atol=1e-5)
+    last = jnp.asarray([np.flatnonzero(row).max() for row in mask])
+    picked = ours_logits(model, ids, mask, fused=fused, query=last)
+    np.testing.assert_allclose(picked[:, 0], got[np.arange(len(ids)), np.asarray(last)], atol=1e-5)
+
+
 def test_remat_keeps_values_and_gradients(hf_models, batch):
     model = hf.load_pretrained(hf_models["tied"][1])
     remat = hf.load_pretrained(hf_models["tied"][1], remat=True)

@@ -161,7 +161,7 @@ def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
     whole_cache, whole_logits = prefill()
     scores_per_row = model.cfg.num_heads * 11 * 11
     monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * scores_per_row)
-    monkeypatch.setattr(qwen2, "chunks_apply", lambda: True)  # the suite has 8 fake devices
+    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)  # the suite has 8 fake devices
     assert qwen2.row_chunk(ids.size, model.cfg.intermediate_size, minimum=16) == 14
     assert qwen2.row_chunk(5, scores_per_row) == 2
     assert qwen2.row_chunk(2, scores_per_row) == 2  # small inputs stay whole
@@ -206,7 +206,7 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
     whole = [run(p) for p in params]
     floats_per_row = ids.shape[1] * model.cfg.intermediate_size
     monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * floats_per_row)
-    monkeypatch.setattr(qwen2, "chunks_apply", lambda: True)  # the suite has 8 fake devices
+    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)  # the suite has 8 fake devices
     assert qwen2.row_chunk(5, floats_per_row) == 2
     for p, ref in zip(params, whole):
         assert_same_generation(run(p), ref)
@@ -247,14 +247,14 @@ def test_row_chunks_apply_per_device_inside_a_shard_map_only():
     seen = []
 
     def record(x):
-        seen.append(qwen2.chunks_apply())
+        seen.append(qwen2.on_cpu_per_device())
         return x
 
     jax.eval_shape(jax.shard_map(record, mesh=mesh, in_specs=PartitionSpec("data"),
                                  out_specs=PartitionSpec("data")), jnp.zeros(4))
     with jax.set_mesh(mesh):
         jax.eval_shape(jax.jit(record), jnp.zeros(4))
-    assert seen == [True, False] and not qwen2.chunks_apply()
+    assert seen == [True, False] and not qwen2.on_cpu_per_device()
 
 
 def test_stop_condition_and_holes_after_stop(untied, prompts, greedy_ours):

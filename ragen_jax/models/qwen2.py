@@ -360,7 +360,7 @@ CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (se
 
 def on_cpu_per_device() -> bool:
     """Whether the CPU-only shapes apply (row chunks, `in_row_chunks`; the fused q/k/v projection
-    of a decode step, `Qwen2.fused_projections`): on a single CPU device. Accelerators keep one
+    of a decode step, `Qwen2.decode_projections`): on a single CPU device. Accelerators keep one
     large kernel and the sharded weights as they are; on a mesh a loop over the rows of a sharded
     batch puts collectives inside it (8 fake CPU devices deadlocked in them). Inside a
     `shard_map` over every mesh axis each device runs its own rows with no collectives, so they

@@ -26,7 +26,7 @@ import math
 import sys
 from pathlib import Path
 
-from ragen_jax import host_devices
+from ragen_jax import compile_cache, host_devices
 from ragen_jax import study as st  # numpy only; the jax-heavy imports stay inside the commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,6 +372,8 @@ def main(argv=None) -> int:
             parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
     if hasattr(args, "set"):
         args.set = set_overrides(args.set, parser.error)
+    if args.command in ("learn", "study"):
+        compile_cache.enable()  # every seed and arm compiles the same programs (jax's backend not started yet)
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)
     return 0
 

@@ -24,7 +24,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from ragen_jax import distributed, host_devices, reasoning_check
+from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 from ragen_jax.files import write_atomically
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
         print(host_devices.note(count), file=sys.stderr)
     try:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        compile_cache.enable()
         result = evaluate(Path(args.workdir), args.step, args.episodes, args.samples)
     except (ConfigError, CheckpointError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -43,6 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from ragen_jax import compile_cache
 from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
@@ -269,6 +270,7 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    compile_cache.enable()
     log = lambda message: print(message, file=sys.stderr)
     warm_start(exp, sft, log)
     e = config.eval

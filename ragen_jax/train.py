@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax import distributed, host_devices, reasoning_check
+from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
@@ -300,6 +300,7 @@ def main(argv=None) -> int:
         if args.coordinator is None and (count := host_devices.split_host(config)):  # before jax starts
             print(host_devices.note(count), file=sys.stderr)
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        compile_cache.enable()
         return train(config, workdir)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -91,15 +91,18 @@ def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     assert "mi/first_turn/mi_estimate" in result["metrics"]
     assert "Turn 1" in (full_run / "eval_6_trajectories.txt").read_text()
     # Run as a command with no device count in XLA_FLAGS on a run whose mesh is the default,
-    # evaluate gives the CPU one jax device per core (as train does): the same episodes.
+    # evaluate gives the CPU one jax device per core (as train does): the same episodes. Without
+    # JAX's own cache directory it keeps its compiled programs in RAGEN_JAX_COMPILE_CACHE's.
     split = tmp_path / "split"
     shutil.copytree(full_run, split)
     config = json.loads((split / "config.json").read_text())
     config["mesh"]["data"] = -1
     (split / "config.json").write_text(json.dumps(config))
+    cache = tmp_path / "xla_cache"
     done = command("ragen_jax.evaluate", "--workdir", str(split), "--episodes", "2", "--samples", "2",
-                   env={"XLA_FLAGS": ""})
+                   env={"XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": "", "RAGEN_JAX_COMPILE_CACHE": str(cache)})
     assert done.returncode == 0 and "one jax device per CPU core" in done.stderr, done.stderr[-2000:]
+    assert any(p.name.endswith("-cache") for p in cache.iterdir())
     again = json.loads((split / "eval_6.json").read_text())["metrics"]
     for name in ("success", "pass@k", "return", "valid_action_rate"):
         assert again[name] == result["metrics"][name]

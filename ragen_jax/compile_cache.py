@@ -50,7 +50,7 @@ def enable(environ=os.environ) -> Path | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        print(f"note: no compilation cache ({ENV}={where}: {err.strerror}); every program is compiled afresh",
+        print(f"note: no compilation cache ({ENV}={where}: {err.strerror or err}); every program is compiled afresh",
               file=sys.stderr)
         return None
     jax.config.update("jax_compilation_cache_dir", str(where))

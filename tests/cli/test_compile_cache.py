@@ -55,7 +55,7 @@ def test_enable_writes_compiled_programs_to_the_directory(tmp_path):
 
 def test_off_and_an_unwritable_directory_leave_jax_without_a_cache(tmp_path):
     out, err = enable_in_a_fresh_process("off")
-    assert out == ["None", "[1.0, 3.0, 5.0]", "None -1"] and err == ""
+    assert out == ["None", "[1.0, 3.0, 5.0]", "None -1"] and "compilation cache" not in err
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     out, err = enable_in_a_fresh_process(str(blocked / "cache"))

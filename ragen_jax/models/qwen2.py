@@ -276,6 +276,12 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * x32.astype(x.dtype)
 
 
+def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """x @ kernel (+ bias) in x's dtype."""
+    y = x @ kernel.astype(x.dtype)
+    return y if bias is None else y + bias.astype(x.dtype)
+
+
 class Linear(nnx.Module):
     """y = x @ kernel (+ bias); kernel stored [in, out] (the transpose of Hugging Face's)."""
 
@@ -284,8 +290,7 @@ class Linear(nnx.Module):
         self.bias = _param(rngs, (d_out,), cfg, (spec[1],), "zeros") if bias else None
 
     def __call__(self, x):
-        y = x @ self.kernel[...].astype(x.dtype)
-        return y if self.bias is None else y + self.bias[...].astype(x.dtype)
+        return affine(x, self.kernel[...], None if self.bias is None else self.bias[...])
 
 
 class Attention(nnx.Module):
@@ -311,10 +316,8 @@ class Attention(nnx.Module):
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
         if fused is None:
             k, v = self.k_proj(x), self.v_proj(x)
-        else:  # `fused_projection()`, computed once by the caller
-            kernel, bias = fused
-            qkv = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
-            every_q, k, v = jnp.split(qkv, (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
+        else:  # `fused_projection()` (kernel, bias), computed once by the caller
+            every_q, k, v = jnp.split(affine(x, *fused), (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
         k = apply_rope(k.reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
         v = v.reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)

@@ -24,7 +24,7 @@ import ml_collections
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import PRESETS
+from ragen_jax.models.qwen2 import PRESETS, REMAT_POLICIES
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig
@@ -58,7 +58,13 @@ def default_config() -> ml_collections.ConfigDict:
         preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
         path="",  # a local Hugging Face checkpoint directory (config.json + safetensors)
         init="",  # initial weights: a train/sft workdir, a Hugging Face dir, or builtin:<name> (shipped)
-        dtype="float32", param_dtype="float32", remat=False,
+        dtype="float32", param_dtype="float32",
+        # rematerialise each layer in the backward pass, keeping what `remat_policy` names
+        # (full | minimal | dots: ragen_jax.models.qwen2.REMAT_POLICIES)
+        remat=False, remat_policy="full",
+        # one layer's program scanned over stacked weights (compile time independent of depth)
+        # instead of a Python loop over the layers (on a CPU the tiny model runs faster unrolled)
+        scan_layers=False,
     ))
     c.rollout = ml_collections.ConfigDict(dict(
         num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
@@ -131,7 +137,7 @@ def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
     micro-batches of 8) instead of replicating it (data parallelism, micro-batches of 16)."""
     c = default_config()
     c.env.name = env_name
-    c.model.update(preset="", path="", dtype="bfloat16", remat=True)
+    c.model.update(preset="", path="", dtype="bfloat16", remat=True, scan_layers=True)
     c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
     c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8 if fsdp else 16)
     c.mesh.update(data=1 if fsdp else -1, fsdp=-1 if fsdp else 1, tensor=1)
@@ -299,6 +305,9 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     for key in ("dtype", "param_dtype"):
         if config.model[key] not in ("float32", "bfloat16"):
             raise ConfigError(f"model.{key}={config.model[key]!r} is not supported; allowed: float32, bfloat16")
+    if config.model.remat_policy not in REMAT_POLICIES:
+        raise ConfigError(f"model.remat_policy={config.model.remat_policy!r} is not supported; allowed: "
+                          f"{', '.join(REMAT_POLICIES)}")
     r = config.rollout
     params = _wrap("rollout", lambda: sampling.SamplingParams(temperature=r.temperature, top_p=r.top_p,
                                                                top_k=r.top_k))
@@ -359,6 +368,14 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
         raise ConfigError("early_stop.empty_batches, reward_std_collapse and val_patience must be >= 0 (0: off)")
     return RunConfig(step=step, env_name=config.env.name, env_overrides=env_overrides,
                      mesh_shape=(data, fsdp, tensor))
+
+
+def model_options(config: ml_collections.ConfigDict) -> dict:
+    """The `Qwen2Config` fields the `model` section sets (a saved config that predates a key
+    gets its default)."""
+    m, defaults = config.model, default_config().model
+    keys = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers")
+    return {key: m.get(key, defaults[key]) for key in keys}
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -16,7 +16,7 @@ import ml_collections
 
 from ragen_jax import sharding
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
-from ragen_jax.config import ConfigError, RunConfig, build
+from ragen_jax.config import ConfigError, RunConfig, build, model_options
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, init_model, shard_model
@@ -50,12 +50,12 @@ def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
         if not os.path.isdir(m.path):
             raise ConfigError(f"model.path={m.path!r} is not a directory (a local Hugging Face checkpoint)")
         try:
-            model = hf.load_pretrained(m.path, mesh, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+            model = hf.load_pretrained(m.path, mesh, **model_options(config))
             tokenizer = hf.load_tokenizer(m.path)
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
     else:
-        cfg = Qwen2Config.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        cfg = Qwen2Config.preset(m.preset, **model_options(config))
         model = init_model(cfg, jax.random.key(config.seed))
         tokenizer = hf.load_tokenizer()
         if mesh is not None:
@@ -98,7 +98,8 @@ def load_initial_weights(model: Qwen2, init: str) -> None:
         raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints nor a Hugging Face "
                           "directory (config.json + safetensors)")
     try:
-        source = hf.load_pretrained(path, dtype=model.cfg.dtype, param_dtype=model.cfg.param_dtype)
+        source = hf.load_pretrained(path, dtype=model.cfg.dtype, param_dtype=model.cfg.param_dtype,
+                                    scan_layers=model.cfg.scan_layers)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.init={init!r}: {str(err).splitlines()[0]}") from None
     want = jax.tree.map(lambda x: x.shape, nnx.state(model))

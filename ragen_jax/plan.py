@@ -289,12 +289,12 @@ def _text_setup(config, run, cfg):
 
 def model_config(config, preset: str | None):
     """The model's shapes: `model.path`'s config.json (no weights read), or a preset."""
-    from ragen_jax.config import ConfigError
+    from ragen_jax.config import ConfigError, model_options
     from ragen_jax.models import hf
     from ragen_jax.models.qwen2 import PRESETS, Qwen2Config
 
     m = config.model
-    numerics = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    numerics = model_options(config)
     if m.path:
         path = os.path.join(m.path, "config.json")
         if not os.path.isfile(path):

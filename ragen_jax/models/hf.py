@@ -155,15 +155,16 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
                     dtype: str | None = None, param_dtype: str | None = None,
-                    remat: bool = False) -> Qwen2:
+                    remat: bool = False, remat_policy: str = "full", scan_layers: bool = False) -> Qwen2:
     """A `Qwen2` from a local Hugging Face directory (config.json + safetensors).
 
     With a mesh every weight is created directly with its sharding (each device reads only
     its shard); without one it goes to the default device. dtype / param_dtype override the
-    compute and storage dtypes (default float32).
+    compute and storage dtypes (default float32). `scan_layers`: the per-layer tensors are
+    stacked into the scanned model's [num_layers, ...] weights as they are read.
     """
     path = Path(path)
-    overrides = {"remat": remat}
+    overrides = {"remat": remat, "remat_policy": remat_policy, "scan_layers": scan_layers}
     if dtype:
         overrides["dtype"] = dtype
     if param_dtype:
@@ -174,10 +175,8 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
     graphdef, state = nnx.split(abstract)
     specs = nnx.to_flat_state(nnx.get_partition_spec(state))
     loaded, readers = [], {}
-    for (p, var), (_, spec) in zip(nnx.to_flat_state(state), specs):
-        name, transpose = hf_name(p)
-        want = tuple(var.shape)
-        want_hf = want[::-1] if transpose else want
+
+    def tensor(name, want_hf):
         if name not in files:
             raise ValueError(f"{path}: checkpoint has no tensor {name} (expected shape {want_hf})")
         file = files[name]
@@ -187,22 +186,51 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
             readers[file] = SafetensorsFile(file)
         if name not in readers[file].keys():
             raise ValueError(f"{file}: has no tensor {name} (expected shape {want_hf})")
-        tensor = readers[file].array(name)
-        if tensor.shape != want_hf:
-            raise ValueError(f"{path}: tensor {name} has shape {tensor.shape}, expected {want_hf}")
-        value = _place(tensor, want, transpose, var.dtype, spec.get_value(), mesh)
+        found = readers[file].array(name)
+        if found.shape != want_hf:
+            raise ValueError(f"{path}: tensor {name} has shape {found.shape}, expected {want_hf}")
+        return found
+
+    for (p, var), (_, spec) in zip(nnx.to_flat_state(state), specs):
+        want = tuple(var.shape)
+        if stacked_param(cfg, p):  # one tensor per layer, stacked on axis 0
+            per_layer = [hf_name(layer_path(p, i)) for i in range(cfg.num_layers)]
+            transpose = per_layer[0][1]
+            want_hf = want[1:][::-1] if transpose else want[1:]
+            sources = [tensor(name, want_hf) for name, _ in per_layer]
+        else:
+            name, transpose = hf_name(p)
+            sources = tensor(name, want[::-1] if transpose else want)
+        value = _place(sources, want, transpose, var.dtype, spec.get_value(), mesh)
         loaded.append((p, var.replace(value)))
     return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
-def _place(tensor, shape, transpose, dtype, spec, mesh):
-    """Read one tensor (or only each device's shard of it) and put it on device(s)."""
+def stacked_param(cfg: Qwen2Config, path: tuple) -> bool:
+    """Whether the parameter at `path` holds every layer's weight (a scanned model's layers)."""
+    return cfg.scan_layers and str(path[0]) == "layers"
 
-    def read(index):
-        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+
+def layer_path(path: tuple, layer: int) -> tuple:
+    """The per-layer model's path of layer `layer`'s slice of a stacked parameter."""
+    return (path[0], layer, *path[1:])
+
+
+def _place(source, shape, transpose, dtype, spec, mesh):
+    """Read one tensor, or a list of per-layer tensors stacked on axis 0 (or only each
+    device's shard of it) and put it on device(s)."""
+
+    def read_one(tensor, index):
         src = index[::-1] if transpose else index
         block = tensor[src]
         return np.ascontiguousarray(block.T if transpose else block).astype(dtype)
+
+    def read(index):
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        if not isinstance(source, list):
+            return read_one(source, index)
+        layers = range(len(source))[index[0]]
+        return np.stack([read_one(source[i], index[1:]) for i in layers])
 
     if mesh is None:
         return jax.device_put(read(()))
@@ -250,19 +278,29 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
         written.append(name)
         return str(path / (name + ".partial"))
 
-    groups, current, size = [], {}, 0
+    # (parameter, layer or None, transpose) under each Hugging Face name: a scanned model's
+    # stacked weights are written one tensor per layer
+    entries = []
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        name, transpose = hf_name(p)
-        nbytes = int(np.prod(var.shape)) * dtype.itemsize
+        layers = range(cfg.num_layers) if stacked_param(cfg, p) else (None,)
+        entries += [(*hf_name(p if i is None else layer_path(p, i)), var, i) for i in layers]
+    groups, current, size = [], {}, 0
+    for name, transpose, var, layer in entries:
+        nbytes = int(np.prod(var.shape[0 if layer is None else 1:])) * dtype.itemsize
         if current and size + nbytes > max_shard_bytes:
             groups.append(current)
             current, size = {}, 0
-        current[name] = (var, transpose)
+        current[name] = (var, layer, transpose)
         size += nbytes
     groups.append(current)
+    gathered = {}  # a stacked weight is gathered to the host once, for all of its layers
 
-    def host(var, transpose):
-        array = to_host(var[...]).astype(dtype)
+    def host(var, layer, transpose):
+        key = id(var)
+        if key not in gathered:
+            gathered.clear()
+            gathered[key] = to_host(var[...]).astype(dtype)
+        array = gathered[key] if layer is None else gathered[key][layer]
         return np.ascontiguousarray(array.T if transpose else array)
 
     if len(groups) == 1:

@@ -21,10 +21,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from ragen_jax.models.head import chunked_logprobs
+
 FSDP, TENSOR = "fsdp", "tensor"
 _NEG_INF = -1e30
 ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
 PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see Qwen2.__call__)
+# What a rematerialised block keeps for its backward pass (a `jax.checkpoint` policy): "full"
+# keeps only the block's input and recomputes the rest; "minimal" also keeps the outputs of its
+# weight matmuls (projections and MLP, not the attention scores); "dots" keeps every matmul
+# output, the attention scores included.
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +61,13 @@ class Qwen2Config:
     dtype: str = "float32"  # compute dtype ("bfloat16" on TPU/GPU)
     param_dtype: str = "float32"
     remat: bool = False  # rematerialise each block in the backward pass
+    remat_policy: str = "full"  # what a rematerialised block keeps (REMAT_POLICIES)
+    # One block with weights stacked [num_layers, ...] run by `lax.scan` (compile time
+    # independent of depth), or a Python loop over `num_layers` blocks.
+    scan_layers: bool = False
+    # Log-probabilities over the vocabulary this many entries at a time (0: all at once; see
+    # `token_logprobs`): the f32 logits of a 152K vocabulary are what the loss would hold most of.
+    vocab_chunk: int = 0
     initializer_range: float = 0.02
 
     def __post_init__(self):
@@ -63,6 +81,11 @@ class Qwen2Config:
             raise ValueError(
                 f"rope_type={self.rope_type!r} is not supported; allowed: default, linear, yarn"
             )
+        if self.vocab_chunk < 0:
+            raise ValueError(f"vocab_chunk={self.vocab_chunk} must be >= 0 (0: the whole vocabulary at once)")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"remat_policy={self.remat_policy!r} is not supported; allowed: "
+                             f"{', '.join(REMAT_POLICIES)}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "Qwen2Config":
@@ -80,9 +103,9 @@ class Qwen2Config:
 
 
 _QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-               bos_token_id=151643, eos_token_ids=(151645, 151643), pad_token_id=151643)
+               bos_token_id=151643, eos_token_ids=(151645, 151643), pad_token_id=151643, scan_layers=True)
 PRESETS: dict[str, Qwen2Config] = {
-    # Real shapes (weights come from a checkpoint through hf.load_pretrained).
+    # Real shapes (weights come from a checkpoint through hf.load_pretrained), layers scanned.
     "qwen2.5-0.5b": Qwen2Config(hidden_size=896, intermediate_size=4864, num_layers=24,
                                 num_heads=14, num_kv_heads=2, **_QWEN25),
     "qwen2.5-1.5b": Qwen2Config(hidden_size=1536, intermediate_size=8960, num_layers=28,
@@ -207,8 +230,9 @@ class KVCache:
         put = jax.lax.dynamic_update_slice
         return KVCache(put(full.k, k, (0,) * 5), put(full.v, v, (0,) * 5), put(full.mask, self.mask, (0, 0)))
 
-    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> "KVCache":
-        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset`."""
+    def write(self, layer, k: jax.Array, v: jax.Array, offset) -> "KVCache":
+        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset` (in the stacked
+        form `layer` may be traced: a scanned model's layer index)."""
         put = jax.lax.dynamic_update_slice
         if not self.layered:
             at = (layer, 0, 0, offset, 0)
@@ -221,21 +245,26 @@ class KVCache:
         swap = lambda buf, x: buf[:layer] + (x,) + buf[layer + 1:]
         return self.replace(k=swap(self.k, new_k), v=swap(self.v, new_v))
 
-    def read(self, layer: int, end: int) -> tuple[jax.Array, jax.Array]:
+    def read(self, layer, end: int) -> tuple[jax.Array, jax.Array]:
         """Keys and values of `layer` in slots [0, end), in this cache's layout."""
+        if not self.layered:  # one slice of the stacked arrays (`layer` may be traced)
+            take = lambda a: jax.lax.dynamic_slice(a, (layer, 0, 0, 0, 0), (1, *a.shape[1:3], end, a.shape[4]))[0]
+            return take(self.k), take(self.v)
         k, v = self.k[layer], self.v[layer]
-        if end == self.length:
-            return k, v
-        return (k[..., :end], v[:, :end]) if self.layered else (k[:, :, :end], v[:, :, :end])
+        return (k, v) if end == self.length else (k[..., :end], v[:, :end])
+
+    def dtype(self, layer):
+        return self.k[layer].dtype if self.layered else self.k.dtype
 
 
 def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None, layered: bool = False) -> KVCache:
-    """An empty cache of `length` slots (every slot invalid). `layered`: already in the decode
-    loop's per-layer form, for a cache filled once at slot 0 and then only decoded into (what
-    `sampling.generate` does): no stacked copy to build and convert."""
+    """An empty cache of `length` slots (every slot invalid), in the compute dtype by default.
+    `layered`: already in the decode loop's per-layer form, for a cache filled once at slot 0
+    and then only decoded into (what `sampling.generate` does): no stacked copy to build and
+    convert. A scanned model reads its layers from the stacked form, so it ignores `layered`."""
     dtype = jnp.dtype(dtype or cfg.dtype)
     mask = jnp.zeros((batch, length), bool)
-    if layered:
+    if layered and not cfg.scan_layers:
         rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
         return KVCache(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
                        tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
@@ -334,7 +363,7 @@ class Attention(nnx.Module):
             cache = cache.write(layer, k, v, offset)
             if isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]:
                 # a chunk at slot 0 attends to exactly its own slots: no read back
-                k, v = (a.astype(cache.k[layer].dtype).astype(x.dtype) for a in (k, v))
+                k, v = (a.astype(cache.dtype(layer)).astype(x.dtype) for a in (k, v))
             else:  # the key slots this call attends to (see Qwen2.__call__)
                 k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1]))
                 layered = cache.layered
@@ -480,7 +509,8 @@ class Qwen2(nnx.Module):
     def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP))
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        blocks = [Block(cfg, rngs) for _ in range(cfg.num_layers)]
+        self.layers = stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
         self.norm = RMSNorm(cfg, rngs)
         # Stored [vocab, hidden] like the embedding, so tied and untied heads share code.
         self.lm_head = (None if cfg.tie_word_embeddings else
@@ -534,11 +564,25 @@ class Qwen2(nnx.Module):
         def run(block, h, cache, layer, query, fused):
             return block(h, cos, sin, attn_mask, cache, layer, offset, query, query_block, fused)
 
+        policy = REMAT_POLICIES[cfg.remat_policy]
+        if cfg.scan_layers:  # one block's program, run over the stacked weights
+            graph, stacked = nnx.split(self.layers)
+
+            def body(carry, xs):
+                params, layer = xs
+                return run(nnx.merge(graph, params), *carry, layer, None, None), None
+
+            if cfg.remat:
+                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+            (h, cache), _ = jax.lax.scan(body, (h, cache), (stacked, jnp.arange(cfg.num_layers)))
+            # every slot's output computed, then the asked ones picked (one program for all layers)
+            h = h if query is None else _pick(h, query)
+            return self.norm(h), cache
         for layer, block in enumerate(self.layers):
             pick = query if layer == len(self.layers) - 1 else None
             qkv = None if fused is None else fused[layer]
             if cfg.remat:
-                h, cache = jax.checkpoint(run, static_argnums=(3,))(block, h, cache, layer, pick, qkv)
+                h, cache = jax.checkpoint(run, static_argnums=(3,), policy=policy)(block, h, cache, layer, pick, qkv)
             else:
                 h, cache = run(block, h, cache, layer, pick, qkv)
         return self.norm(h), cache
@@ -548,7 +592,7 @@ class Qwen2(nnx.Module):
         (`Attention.fused_projection`) where `on_cpu_per_device` — a CPU matmul over a decode
         step's few rows costs about the same for 256 or 512 outputs, and a `small` decode step
         is ~3% faster — else None (each projection its own matmul, sharded as its weights are)."""
-        if not on_cpu_per_device():
+        if self.cfg.scan_layers or not on_cpu_per_device():
             return None
         return tuple(block.self_attn.fused_projection() for block in self.layers)
 
@@ -566,6 +610,39 @@ class Qwen2(nnx.Module):
         return jnp.einsum(spec, *operands, preferred_element_type=jnp.float32)
 
 
+# ----------------------------------------------------------------------------- stacked layers
+
+
+def stack_blocks(blocks: list[Block]) -> Block:
+    """One `Block` whose every weight is the layers' weights stacked on a new leading axis
+    (replicated over the mesh: its partition spec gains a leading None)."""
+    graph, _ = nnx.split(blocks[0])
+    stacked = jax.tree.map(lambda *layers: jnp.stack(layers), *(nnx.state(b) for b in blocks))
+    block = nnx.merge(graph, stacked)
+    for _, var in nnx.iter_graph(block):
+        if isinstance(var, nnx.Variable) and var.has_metadata("out_sharding"):
+            var.set_metadata("out_sharding", (None, *var.get_metadata("out_sharding")))
+    return block
+
+
+def stacked_layout(tree: dict) -> bool:
+    """Whether a model's state as a nested dict (`nnx.to_pure_dict`, an orbax tree) holds its
+    layers stacked (a scanned model) rather than one entry per layer (keys 0, 1, … or "0", …)."""
+    return not any(str(key).isdigit() for key in tree["layers"])
+
+
+def stack_layers(tree: dict, stack=jnp.stack) -> dict:
+    """A per-layer model state dict in the stacked layout; `stack(list of layer leaves)`."""
+    layers = sorted(tree["layers"].items(), key=lambda item: int(item[0]))
+    return {**tree, "layers": jax.tree.map(lambda *xs: stack(list(xs)), *(layer for _, layer in layers))}
+
+
+def unstack_layers(tree: dict, num_layers: int, take=lambda x, i: x[i]) -> dict:
+    """A stacked model state dict in the per-layer layout (keys 0 … num_layers − 1); `take(leaf,
+    i)` is layer i's slice."""
+    return {**tree, "layers": {i: jax.tree.map(lambda x: take(x, i), tree["layers"]) for i in range(num_layers)}}
+
+
 def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:
     """A randomly initialised model (normal(0, initializer_range) weights, unit norms)."""
     return Qwen2(cfg, rngs=nnx.Rngs(params=key))
@@ -579,7 +656,9 @@ def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
     """log p(targets[b, i] | hidden[b, i]) for hidden [B, N, d], in chunks of N.
 
     Only [B, chunk_size, vocab] logits exist at a time, and each chunk is rematerialised in
-    the backward pass, so a 152K vocabulary never yields a [B, T, vocab] tensor.
+    the backward pass, so a 152K vocabulary never yields a [B, T, vocab] tensor. With
+    `cfg.vocab_chunk` the vocabulary is visited in chunks too (`head.chunked_logprobs`): at
+    most [B, chunk_size, vocab_chunk] logits.
     Returns logprobs [B, N] (f32), plus the full-distribution entropy [B, N] if asked.
     """
     b, n, d = hidden.shape
@@ -594,6 +673,10 @@ def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
     @jax.checkpoint
     def one(args):
         h, tgt = args
+        if model.cfg.vocab_chunk:
+            weight = model.head_weight().astype(h.dtype)
+            picked, entropy = chunked_logprobs(h.reshape(-1, d), weight, tgt.reshape(-1), model.cfg.vocab_chunk)
+            return picked.reshape(tgt.shape), entropy.reshape(tgt.shape)
         # vocabulary-major [B, vocab, chunk]: this piece's forward + backward 2.2x faster on CPU
         logp = jax.nn.log_softmax(model.logits(h, vocab_major=True), axis=1)
         picked = jnp.take_along_axis(logp, tgt[:, None, :], axis=1)[:, 0]

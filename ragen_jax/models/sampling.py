@@ -284,7 +284,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, rope=rope, fused=fused)
+        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, key_limit=limit, rope=rope,
+                              fused=fused)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
@@ -295,12 +296,15 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
         return i + 1, cache, out, switched
 
     # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back;
-    # a cache already in that form is used as it is.
-    work = cache if cache.layered else cache.per_layer(key_limit)
+    # a cache already in that form is used as it is. A scanned model decodes into the stacked
+    # cache in place, reading the slots below `key_limit`.
+    stacked = model.cfg.scan_layers and not cache.layered
+    work = cache if cache.layered or stacked else cache.per_layer(key_limit)
+    limit = key_limit if stacked else None
     rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
     fused = model.decode_projections()  # once per call, not once per step
     _, work, out, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out, jnp.zeros((b,), bool)))
-    return (work if cache.layered else work.merge_into(cache)), out
+    return (work if cache.layered or stacked else work.merge_into(cache)), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",), static_argnames=("query_block",))
@@ -355,8 +359,12 @@ def _generate_rows(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, unif
         return prefill(model, cache, prompt, prompt_mask, 0, query_block=PREFILL_BLOCK)
 
     # On one CPU device a few sequences at a time go through every layer, so each chunk's
-    # activations stay in the caches (and the call needs half the temporaries).
-    cache, logits = in_row_chunks(fill, p * model.cfg.intermediate_size, prompt, prompt_mask)
+    # activations stay in the caches (and the call needs half the temporaries). A scanned
+    # model's stacked cache holds rows on its second axis, so it prefills in one piece.
+    if model.cfg.scan_layers:
+        cache, logits = fill(prompt, prompt_mask)
+    else:
+        cache, logits = in_row_chunks(fill, p * model.cfg.intermediate_size, prompt, prompt_mask)
     _, out = decode(model, cache, logits, p, None, num_steps=max_new_tokens, params=params,
                     eos_ids=eos_ids, stop_fn=stop_fn, pad_id=pad_id, uniforms=uniforms)
     return GenerateOutput(out.tokens, out.logprobs, out.lengths)

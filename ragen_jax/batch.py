@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.qwen2 import Qwen2, init_cache, positions_from_mask, token_logprobs
 from ragen_jax.models.value import ValueModel
 from ragen_jax.rollout import Trajectories
 
@@ -92,17 +92,16 @@ def compact(batch: Batch, multiple: int = 64) -> Batch:
 
 def backbone_hidden(model: Qwen2, batch: Batch) -> jax.Array:
     """Final hidden states [B, S, d] of the whole buffer. The shared prefix runs once, for the
-    first row; its keys/values are broadcast into every row's cache and the rest of the
-    buffer attends to them, exactly as it would to its own copy."""
+    first row; the rest of every row attends to its keys/values (a `KVCache.shared` cache:
+    one row read by all), exactly as it would to its own copy."""
     positions = positions_from_mask(batch.mask)
     p = batch.shared_prefix
     if p == 0:
         return model(batch.tokens, positions, batch.mask)[0]
     rows, slots = batch.tokens.shape
     prefix, cache = model(batch.tokens[:1, :p], positions[:1, :p], batch.mask[:1, :p],
-                          init_cache(model.cfg, 1, slots), offset=0)
-    widen = lambda a: jnp.broadcast_to(a, a.shape[:1] + (rows,) + a.shape[2:])
-    cache = KVCache(widen(cache.k), widen(cache.v), jnp.broadcast_to(cache.mask, (rows, slots)))
+                          init_cache(model.cfg, 1, p), offset=0)
+    cache = cache.replace(mask=jnp.zeros((rows, slots), bool).at[:, :p].set(cache.mask))
     rest, _ = model(batch.tokens[:, p:], positions[:, p:], batch.mask[:, p:], cache, offset=p)
     return jnp.concatenate([jnp.broadcast_to(prefix, (rows,) + prefix.shape[1:]), rest], axis=1)
 

@@ -65,6 +65,9 @@ def default_config() -> ml_collections.ConfigDict:
         # one layer's program scanned over stacked weights (compile time independent of depth)
         # instead of a Python loop over the layers (on a CPU the tiny model runs faster unrolled)
         scan_layers=False,
+        # log-probs over the vocabulary this many entries at a time (0: all at once); at a 152K
+        # vocabulary the f32 logits are most of the loss's and the diagnostics' memory
+        vocab_chunk=0,
     ))
     c.rollout = ml_collections.ConfigDict(dict(
         num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
@@ -87,6 +90,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.diagnostics = ml_collections.ConfigDict(dict(
         enabled=True, compute_freq=5, num_samples=64, per_turn=True, per_turn_samples=16, action_grounding=True,
         answer_tokens=32, alarm_drop=0.5, alarm_entropy_tolerance=0.1, alarm_below=0.0, prefill_rows=8,
+        score_rows=0,  # samples scored at a time (0: all at once; a bound on memory at real sizes)
         stop_on_alarm=False,
     ))
     c.grad_buckets = 0  # reward-std buckets of the gradient analysis (0: off; the paper uses 6)
@@ -137,7 +141,8 @@ def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
     micro-batches of 8) instead of replicating it (data parallelism, micro-batches of 16)."""
     c = default_config()
     c.env.name = env_name
-    c.model.update(preset="", path="", dtype="bfloat16", remat=True, scan_layers=True)
+    c.model.update(preset="", path="", dtype="bfloat16", remat=True, scan_layers=True, vocab_chunk=16384)
+    c.diagnostics.score_rows = 16
     c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
     c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8 if fsdp else 16)
     c.mesh.update(data=1 if fsdp else -1, fsdp=-1 if fsdp else 1, tensor=1)
@@ -305,6 +310,8 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     for key in ("dtype", "param_dtype"):
         if config.model[key] not in ("float32", "bfloat16"):
             raise ConfigError(f"model.{key}={config.model[key]!r} is not supported; allowed: float32, bfloat16")
+    if config.model.vocab_chunk < 0:
+        raise ConfigError(f"model.vocab_chunk={config.model.vocab_chunk} must be >= 0 (0: the whole vocabulary at once)")
     if config.model.remat_policy not in REMAT_POLICIES:
         raise ConfigError(f"model.remat_policy={config.model.remat_policy!r} is not supported; allowed: "
                           f"{', '.join(REMAT_POLICIES)}")
@@ -374,7 +381,7 @@ def model_options(config: ml_collections.ConfigDict) -> dict:
     """The `Qwen2Config` fields the `model` section sets (a saved config that predates a key
     gets its default)."""
     m, defaults = config.model, default_config().model
-    keys = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers")
+    keys = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
     return {key: m.get(key, defaults[key]) for key in keys}
 
 

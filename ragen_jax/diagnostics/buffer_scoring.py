@@ -18,12 +18,14 @@ per-group reasoning swaps of action grounding.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ragen_jax import sharding
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, map_row_blocks, positions_from_mask, token_logprobs
 
 
 def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
@@ -38,20 +40,29 @@ def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows
 
 
 def _prefill(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
+    """Each block's keys/values written into one preallocated cache (no stacked copy)."""
     rows, length = tokens.shape
     block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
     mask = mask.astype(bool)
 
-    def one(args):
-        ids, valid = args
-        cache = init_cache(model.cfg, block, length)
-        _, cache = model(ids, positions_from_mask(valid), valid, cache, 0)
-        return cache.k, cache.v
+    def one(i, cache):
+        take = lambda a: jax.lax.dynamic_slice_in_dim(a, i * block, block)
+        ids, valid = take(tokens), take(mask)
+        _, part = model(ids, positions_from_mask(valid), valid, init_cache(model.cfg, block, length), 0)
+        put = lambda whole, a: jax.lax.dynamic_update_slice_in_dim(whole, a, i * block, axis=1)
+        return KVCache(put(cache.k, part.k), put(cache.v, part.v), cache.mask)
 
-    shape = (rows // block, block, length)
-    k, v = jax.lax.map(one, (tokens.reshape(shape), mask.reshape(shape)))  # [blocks, layers, block, ...]
-    merge = lambda a: jnp.moveaxis(a, 0, 1).reshape((a.shape[1], rows) + a.shape[3:])
-    return KVCache(merge(k), merge(v), mask)
+    return jax.lax.fori_loop(0, rows // block, one, init_cache(model.cfg, rows, length).replace(mask=mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """Where and how continuations are scored: on a data-only `mesh` each device scores its own
+    rows (`sharding.per_device_rows`); `block_rows` rows at a time (0: all at once) bound the
+    working set — the rows' prompt caches and their vocabulary log-probs."""
+
+    mesh: jax.sharding.Mesh | None = None
+    block_rows: int = 0
 
 
 def score_continuations(
@@ -64,7 +75,7 @@ def score_continuations(
     cont: jax.Array,
     cont_mask: jax.Array,
     own_column: jax.Array | None = None,
-    mesh: jax.sharding.Mesh | None = None,
+    scoring: Scoring = Scoring(),
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(cont[i, t] | prompt of column c, cont[i, <t]) for every row i and column slot c.
 
@@ -73,12 +84,16 @@ def score_continuations(
     before `ends[i, c]` (all below the static `prompt_width` ≤ L). cont, cont_mask [M, W]:
     left-aligned continuations (holes only after the last valid token).
     Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
-    the full-distribution entropy [M, W] at each row's own column (else None). On a data-only
-    `mesh` each device scores its own rows under every column (`sharding.per_device_rows`).
+    the full-distribution entropy [M, W] at each row's own column (else None), placed and
+    blocked as `scoring` says.
     """
     split = (columns, ends, cont, cont_mask) + (() if own_column is None else (own_column,))
-    score = lambda model, cache, tokens, *rows: _score(model, cache, tokens, prompt_width, *rows)
-    return sharding.per_device_rows(score, mesh, (model, cache, tokens), split)
+
+    def score(model, cache, tokens, *rows):
+        one_block = lambda *block: _score(model, cache, tokens, prompt_width, *block)
+        return map_row_blocks(one_block, scoring.block_rows, *rows)
+
+    return sharding.per_device_rows(score, scoring.mesh, (model, cache, tokens), split)
 
 
 def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column=None):

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ragen_jax.diagnostics import buffer_scoring, collapse, pairs as pairs_lib
+from ragen_jax.diagnostics.buffer_scoring import Scoring
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics, reasoning_stats
 from ragen_jax.models.qwen2 import Qwen2
 
@@ -58,12 +59,17 @@ class DiagnosticsConfig:
     alarm_entropy_tolerance: float = 0.1  # ... while the entropy fell by at most this (relative)
     alarm_below: float = 0.0  # ... and only while MI-ZScore-EMA is below this level (0: no such level)
     prefill_rows: int = 8  # buffers per forward of the prefill (memory: rows × length²)
+    # samples scored at a time under each column (0: all at once); bounds the scoring's working
+    # set (the samples' prompt caches and vocabulary log-probs) on a large model
+    score_rows: int = 0
 
     def __post_init__(self):
         for name in ("compute_freq", "num_samples", "per_turn_samples", "answer_tokens", "prefill_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"diagnostics.{name}={value!r} must be an integer >= 1")
+        if isinstance(self.score_rows, bool) or not isinstance(self.score_rows, int) or self.score_rows < 0:
+            raise ValueError(f"diagnostics.score_rows={self.score_rows!r} must be an integer >= 0 (0: all at once)")
         for name in ("per_turn", "action_grounding"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -101,14 +107,14 @@ def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8, mesh=None):
     return buffer_scoring.prefill_buffers(model, tokens, traj.mask[:, :width], prefill_rows, mesh), tokens
 
 
-def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False, mesh=None):
+def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False, scoring=Scoring()):
     """Cross product: every row of `pairs` under every column's prompt."""
     m, n = pairs.rows.shape[0], pairs.column_rows.shape[0]
     ends = jnp.asarray(traj.turn_offsets, jnp.int32)[pairs.column_turns]
     columns = jnp.broadcast_to(pairs.column_rows[None, :], (m, n))
     return buffer_scoring.score_continuations(
         model, cache, tokens, pairs.prompt_width, columns, jnp.broadcast_to(ends[None, :], (m, n)), cont, cont_mask,
-        own_column=pairs.true_column if own else None, mesh=mesh)
+        own_column=pairs.true_column if own else None, scoring=scoring)
 
 
 def _thinking_rate(pairs):
@@ -116,12 +122,12 @@ def _thinking_rate(pairs):
 
 
 def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answer=False, with_stats=True,
-               mesh=None):
+               scoring=Scoring()):
     """SPEC §5 metrics of one pair set; with_stats: + reasoning entropy and length; with_answer:
     also the answer scores under the same columns (action state dependence)."""
     s = pairs_lib.samples(traj, pairs, answer_tokens)
     cont_mask = (s.reasoning_mask | s.answer_mask) if with_answer else s.reasoning_mask
-    logp, entropy = _score(model, cache, tokens, traj, pairs, s.tokens, cont_mask, own=with_stats, mesh=mesh)
+    logp, entropy = _score(model, cache, tokens, traj, pairs, s.tokens, cont_mask, own=with_stats, scoring=scoring)
     scores, scores_sum = buffer_scoring.mean_and_sum(logp, s.reasoning_mask)
     equivalent = equivalent_columns(*pairs_lib.prompts(traj, pairs))
     metrics, ema = mi_metrics(scores, scores_sum, pairs.true_column, equivalent, pairs.valid, ema)
@@ -138,7 +144,7 @@ def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answe
     return metrics, ema, action
 
 
-def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_tokens: int, mesh=None):
+def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_tokens: int, scoring=Scoring()):
     """R [B, K], R_sum, valid [B], equivalent [G, K, K]: answer of trajectory i = g·K + r under
     (its group's first-turn prompt, the first-turn reasoning of member c) for c < K."""
     batch = traj.tokens.shape[0]
@@ -153,7 +159,7 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     ends = offset + z_len[columns]  # the prompt [x, z_c] ends right after z_c
     width = offset + pairs_lib.generation_width(traj)
     logp, _ = buffer_scoring.score_continuations(model, cache, tokens, width, columns, ends, s.answer,
-                                                 s.answer_only_mask, mesh=mesh)
+                                                 s.answer_only_mask, scoring=scoring)
     scores, scores_sum = buffer_scoring.mean_and_sum(logp, s.answer_only_mask)
     valid = traj.turn_active[:, 0] & (z_len > 0) & s.answer_only_mask.any(axis=1)
     z = jnp.where(s.reasoning_mask, s.tokens, -1).reshape(batch // group_size, group_size, -1)
@@ -161,10 +167,10 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     return scores, scores_sum, valid, equivalent
 
 
-def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens, mesh):
+def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens, scoring):
     """I(Z; A | X) per group (vmapped `mi_metrics`), pooled over groups by valid rows."""
     scores, scores_sum, valid, equivalent = action_reasoning_scores(model, cache, tokens, traj, group_size,
-                                                                    answer_tokens, mesh)
+                                                                    answer_tokens, scoring)
     groups = traj.tokens.shape[0] // group_size
     split = lambda a: a.reshape((groups, group_size) + a.shape[1:])
     true_column = jnp.broadcast_to(jnp.arange(group_size), (groups, group_size))
@@ -177,7 +183,7 @@ def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens, mes
     return out
 
 
-def _per_turn(model, cache, tokens, traj, key, config, mesh):
+def _per_turn(model, cache, tokens, traj, key, config, scoring):
     """A few metrics of I(X_t; Z_t) for each turn index t (one compiled body, `lax.map`)."""
     turns = len(traj.turn_offsets)
 
@@ -185,7 +191,7 @@ def _per_turn(model, cache, tokens, traj, key, config, mesh):
         turn, turn_key = args
         pairs = pairs_lib.turn_pairs(traj, turn_key, turn, config.per_turn_samples)
         metrics, _, _ = _mi_of_set(model, cache, tokens, traj, pairs, config.answer_tokens, MIEmaState.create(),
-                                   with_stats=False, mesh=mesh)
+                                   with_stats=False, scoring=scoring)
         out = {name: metrics[name] for name in TURN_METRICS}
         out["valid_samples"] = pairs.valid.sum().astype(jnp.float32)
         out["valid_thinking_rate"] = metrics["valid_thinking_rate"]
@@ -210,31 +216,32 @@ def diagnose(
     Jit with `config`, `group_size` and `mesh` static. Keys: split(key, 3) → first-turn,
     trajectory and per-turn draws. On a `mesh` that splits only `data`, each device prefills and
     scores its own rows (`sharding.per_device_rows`); the metrics are one device's up to float
-    rounding.
+    rounding. `config.score_rows` scores that many samples at a time.
     """
     k_first, k_traj, k_turn = jax.random.split(key, 3)
     cache, tokens = buffer_cache(model, traj, config.prefill_rows, mesh)
+    scoring = Scoring(mesh, config.score_rows)
     metrics: dict[str, jax.Array] = {}
 
     first = pairs_lib.first_turn_pairs(traj, k_first, config.num_samples, group_size)
     first_metrics, first_ema, action_state = _mi_of_set(model, cache, tokens, traj, first, config.answer_tokens,
                                                         state.first_turn, with_answer=config.action_grounding,
-                                                        mesh=mesh)
+                                                        scoring=scoring)
     metrics.update({f"mi/first_turn/{k}": v for k, v in first_metrics.items()})
 
     trajectory = pairs_lib.trajectory_pairs(traj, k_traj, config.num_samples)
     traj_metrics, traj_ema, _ = _mi_of_set(model, cache, tokens, traj, trajectory, config.answer_tokens,
-                                           state.trajectory, mesh=mesh)
+                                           state.trajectory, scoring=scoring)
     metrics.update({f"mi/trajectory/{k}": v for k, v in traj_metrics.items()})
 
     if config.per_turn:
-        per_turn = _per_turn(model, cache, tokens, traj, k_turn, config, mesh)
+        per_turn = _per_turn(model, cache, tokens, traj, k_turn, config, scoring)
         for t in range(len(traj.turn_offsets)):
             metrics.update({f"mi/turn{t}/{k}": v[t] for k, v in per_turn.items()})
 
     if config.action_grounding:
         metrics.update({f"mi/action_state/{k}": v for k, v in action_state.items()})
-        reasoning = _action_reasoning(model, cache, tokens, traj, group_size, config.answer_tokens, mesh)
+        reasoning = _action_reasoning(model, cache, tokens, traj, group_size, config.answer_tokens, scoring)
         metrics.update({f"mi/action_reasoning/{k}": v for k, v in reasoning.items()})
 
     played = traj.turn_active

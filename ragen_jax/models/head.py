@@ -10,7 +10,8 @@ again. With l = h·Wᵀ, p = softmax(l), H = −Σ p log p:
 
     ∂ log p_t / ∂ l_v = [v = t] − p_v          ∂H / ∂ l_v = −p_v (log p_v + H)
 
-Padding entries (the vocabulary rounded up to a whole number of chunks) get −∞ logits.
+When `chunk` does not divide the vocabulary, the last chunk is the vocabulary's last `chunk`
+entries and the ones it shares with the chunk before are skipped (no padded copy of the head).
 """
 
 from __future__ import annotations
@@ -23,18 +24,21 @@ import jax.numpy as jnp
 _NEG_INF = -jnp.inf
 
 
-def _chunks(weight: jax.Array, chunk: int) -> jax.Array:
-    """weight [V, d] -> [C, chunk, d], zero rows past V."""
-    v, d = weight.shape
-    pad = (-v) % chunk
-    return jnp.pad(weight, ((0, pad), (0, 0))).reshape(-1, chunk, d)
+def _layout(vocab: int, chunk: int) -> tuple[int, int]:
+    """(entries per chunk, number of chunks) for a vocabulary visited `chunk` entries at a time."""
+    chunk = min(chunk, vocab)
+    return chunk, -(-vocab // chunk)
 
 
-def _chunk_logits(hidden, w_chunk, c, chunk, vocab):
-    """f32 logits [N, chunk] of chunk c, padding entries at −∞."""
+def _chunk_logits(hidden, weight, c, chunk):
+    """f32 logits [N, chunk] of chunk c and which of its entries are its own (the last chunk
+    is the vocabulary's tail: entries the chunk before holds are not its own)."""
+    vocab = weight.shape[0]
+    start = jnp.minimum(c * chunk, vocab - chunk)
+    w_chunk = jax.lax.dynamic_slice_in_dim(weight, start, chunk)
     logits = jnp.einsum("nd,vd->nv", hidden, w_chunk, preferred_element_type=jnp.float32)
-    ids = c * chunk + jnp.arange(chunk)
-    return jnp.where(ids[None, :] < vocab, logits, _NEG_INF), ids
+    ids = start + jnp.arange(chunk)
+    return logits, ids, ids >= c * chunk, w_chunk
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -45,26 +49,25 @@ def chunked_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, c
 
 
 def _forward(hidden, weight, targets, chunk):
-    vocab = weight.shape[0]
+    chunk, count = _layout(weight.shape[0], chunk)
     n = hidden.shape[0]
 
-    def visit(carry, xs):
+    def visit(carry, c):
         top, total, weighted, picked = carry
-        w_chunk, c = xs
-        logits, ids = _chunk_logits(hidden, w_chunk, c, chunk, vocab)
-        new_top = jnp.maximum(top, jnp.max(logits, axis=1))
+        logits, ids, own, _ = _chunk_logits(hidden, weight, c, chunk)
+        masked = jnp.where(own[None, :], logits, _NEG_INF)
+        new_top = jnp.maximum(top, jnp.max(masked, axis=1))
         rescale = jnp.exp(top - new_top)
-        e = jnp.exp(logits - new_top[:, None])
-        finite = jnp.where(ids[None, :] < vocab, logits, 0.0)
+        e = jnp.exp(masked - new_top[:, None])  # 0 where not own
         total = total * rescale + jnp.sum(e, axis=1)
-        weighted = weighted * rescale + jnp.sum(e * finite, axis=1)
-        picked = picked + jnp.sum(jnp.where(ids[None, :] == targets[:, None], logits, 0.0), axis=1)
+        weighted = weighted * rescale + jnp.sum(e * logits, axis=1)
+        hit = own[None, :] & (ids[None, :] == targets[:, None])
+        picked = picked + jnp.sum(jnp.where(hit, logits, 0.0), axis=1)
         return (new_top, total, weighted, picked), None
 
     init = (jnp.full((n,), _NEG_INF, jnp.float32), jnp.zeros((n,), jnp.float32), jnp.zeros((n,), jnp.float32),
             jnp.zeros((n,), jnp.float32))
-    w = _chunks(weight, chunk)
-    (top, total, weighted, picked), _ = jax.lax.scan(visit, init, (w, jnp.arange(w.shape[0])))
+    (top, total, weighted, picked), _ = jax.lax.scan(visit, init, jnp.arange(count))
     lse = top + jnp.log(total)
     entropy = lse - weighted / total
     return (picked - lse, entropy), (hidden, weight, targets, lse, entropy)
@@ -74,23 +77,24 @@ def _backward(chunk, residuals, cotangents):
     hidden, weight, targets, lse, entropy = residuals
     g_logp, g_entropy = cotangents
     vocab = weight.shape[0]
+    chunk, count = _layout(vocab, chunk)
 
-    def visit(d_hidden, xs):
-        w_chunk, c = xs
-        logits, ids = _chunk_logits(hidden, w_chunk, c, chunk, vocab)
+    def visit(d_hidden, c):
+        logits, ids, own, w_chunk = _chunk_logits(hidden, weight, c, chunk)
         logp = logits - lse[:, None]
-        p = jnp.exp(logp)  # 0 on padding entries
-        logp = jnp.where(ids[None, :] < vocab, logp, 0.0)
-        d_logits = (g_logp[:, None] * (jnp.where(ids[None, :] == targets[:, None], 1.0, 0.0) - p)
+        p = jnp.where(own[None, :], jnp.exp(logp), 0.0)
+        target = own[None, :] & (ids[None, :] == targets[:, None])
+        d_logits = (g_logp[:, None] * (jnp.where(target, 1.0, 0.0) - p)
                     - g_entropy[:, None] * p * (logp + entropy[:, None]))
         d_logits = d_logits.astype(hidden.dtype)
         d_hidden = d_hidden + jnp.einsum("nv,vd->nd", d_logits, w_chunk, preferred_element_type=jnp.float32)
         d_w = jnp.einsum("nv,nd->vd", d_logits, hidden, preferred_element_type=jnp.float32)
         return d_hidden, d_w.astype(weight.dtype)
 
-    w = _chunks(weight, chunk)
-    d_hidden, d_w = jax.lax.scan(visit, jnp.zeros(hidden.shape, jnp.float32), (w, jnp.arange(w.shape[0])))
-    d_w = d_w.reshape(-1, weight.shape[1])[:vocab]
+    d_hidden, d_w = jax.lax.scan(visit, jnp.zeros(hidden.shape, jnp.float32), jnp.arange(count))
+    d_w = d_w.reshape(count * chunk, -1)
+    overlap = count * chunk - vocab  # the last chunk's rows that the one before holds (zero here)
+    d_w = jnp.concatenate([d_w[:(count - 1) * chunk], d_w[(count - 1) * chunk + overlap:]])
     return d_hidden.astype(hidden.dtype), d_w, None
 
 

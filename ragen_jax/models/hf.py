@@ -155,16 +155,18 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
                     dtype: str | None = None, param_dtype: str | None = None,
-                    remat: bool = False, remat_policy: str = "full", scan_layers: bool = False) -> Qwen2:
+                    remat: bool = False, remat_policy: str = "full", scan_layers: bool = False,
+                    vocab_chunk: int = 0) -> Qwen2:
     """A `Qwen2` from a local Hugging Face directory (config.json + safetensors).
 
     With a mesh every weight is created directly with its sharding (each device reads only
     its shard); without one it goes to the default device. dtype / param_dtype override the
     compute and storage dtypes (default float32). `scan_layers`: the per-layer tensors are
-    stacked into the scanned model's [num_layers, ...] weights as they are read.
+    stacked into the scanned model's [num_layers, ...] weights as they are read. remat,
+    remat_policy, vocab_chunk: see `Qwen2Config`.
     """
     path = Path(path)
-    overrides = {"remat": remat, "remat_policy": remat_policy, "scan_layers": scan_layers}
+    overrides = {"remat": remat, "remat_policy": remat_policy, "scan_layers": scan_layers, "vocab_chunk": vocab_chunk}
     if dtype:
         overrides["dtype"] = dtype
     if param_dtype:

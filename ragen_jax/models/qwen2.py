@@ -13,6 +13,7 @@ carries a partition spec over the mesh axes `fsdp` and `tensor` (`nnx.get_partit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -209,6 +210,13 @@ class KVCache:
         return isinstance(self.k, tuple)
 
     @property
+    def shared(self) -> bool:
+        """One cached row that every row of the batch reads (keys/values [layers, 1, ...],
+        mask [B, S]): a training forward over a prefix all rows share. Such a cache is only
+        read; each row's own keys follow the prefix's."""
+        return not self.layered and self.k.shape[1] == 1 and self.mask.shape[0] > 1
+
+    @property
     def length(self) -> int:
         return self.mask.shape[1]
 
@@ -359,7 +367,10 @@ class Attention(nnx.Module):
             q = every_q if query is None else _pick(every_q, query)
         q = apply_rope(q.reshape(b, t, cfg.num_heads, hd), cos, sin)
         layered = False  # keys read from a per-layer cache (see KVCache)
-        if cache is not None:  # write this chunk at `offset`, then attend over the buffer
+        if cache is not None and cache.shared:  # every row behind one cached row: nothing written
+            prefix = (jnp.broadcast_to(a, (b, *a.shape[1:])).astype(x.dtype) for a in cache.read(layer, offset))
+            k, v = (jnp.concatenate([p, a], axis=2) for p, a in zip(prefix, (k, v)))
+        elif cache is not None:  # write this chunk at `offset`, then attend over the buffer
             cache = cache.write(layer, k, v, offset)
             if isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]:
                 # a chunk at slot 0 attends to exactly its own slots: no read back
@@ -372,6 +383,9 @@ class Attention(nnx.Module):
         # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
         block = query_block if isinstance(offset, int) and t > query_block else t
         slots = attn_mask.shape[-1]
+        attend = functools.partial(_attend, kvh=kvh, layered=layered)
+        if cfg.remat:  # a block's scores are recomputed in its own backward pass: one block's live
+            attend = jax.checkpoint(attend, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=False)
         outs = []
         for start in range(0, t, block):
             stop = min(start + block, t)
@@ -379,10 +393,10 @@ class Attention(nnx.Module):
             ks = k[..., :keys] if layered else k[:, :, :keys]
             args = (q[:, start:stop], ks, v[..., :keys, :], attn_mask[:, start:stop, :keys])
             if layered or cache is None:
-                outs.append(_attend(*args, kvh, layered))
+                outs.append(attend(*args))
             else:  # prefill: the [rows, heads x queries x keys] scores in cache-sized pieces
                 scores_per_row = cfg.num_heads * (stop - start) * keys
-                outs.append(in_row_chunks(lambda *a: _attend(*a, kvh), scores_per_row, *args))
+                outs.append(in_row_chunks(attend, scores_per_row, *args))
         out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
 
@@ -418,11 +432,18 @@ def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1)
     chunk's activations then stay in the caches: the MLP of a 64 x 128-token prefill and a
     128-query attention block run 2-4x faster than in one piece (docs/benchmarks.md). Used when
     filling a KV cache only: the backward pass of the loop is slower than the one-piece one (a
-    training forward keeps it). fn may return a pytree whose leaves have a leading axis of any
-    whole multiple of the input rows (a per-layer cache has kv_heads rows per sequence)."""
-    rows = arrays[0].shape[0]
-    chunk = row_chunk(rows, floats_per_row, minimum)
-    if chunk >= rows:
+    training forward keeps it). A per-layer cache's leaves have kv_heads rows per sequence
+    (see `map_row_blocks`)."""
+    return map_row_blocks(fn, row_chunk(arrays[0].shape[0], floats_per_row, minimum), *arrays)
+
+
+def map_row_blocks(fn, block: int, *arrays: jax.Array):
+    """fn(*arrays) computed `block` rows (leading axis) at a time in a `lax.map` (all at once
+    when block is 0 or covers them); the last block is padded with zeros and its padding
+    dropped. fn may return a pytree whose leaves have a leading axis of any whole multiple of
+    the input rows."""
+    rows, chunk = arrays[0].shape[0], block
+    if not chunk or chunk >= rows:
         return fn(*arrays)
     pad = (-rows) % chunk
     pieces = [jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, chunk, *a.shape[1:])
@@ -567,14 +588,25 @@ class Qwen2(nnx.Module):
         policy = REMAT_POLICIES[cfg.remat_policy]
         if cfg.scan_layers:  # one block's program, run over the stacked weights
             graph, stacked = nnx.split(self.layers)
+            # A shared cache is only read: each layer gets its slice as a scanned input (not a
+            # loop carry, which rematerialisation would keep once per layer).
+            shared = cache is not None and cache.shared
+            layer_kv = (cache.k, cache.v) if shared else None
 
             def body(carry, xs):
-                params, layer = xs
-                return run(nnx.merge(graph, params), *carry, layer, None, None), None
+                params, layer, kv = xs
+                h, cache_in = carry
+                if shared:
+                    h, _ = run(nnx.merge(graph, params), h, KVCache(kv[0][None], kv[1][None], cache.mask), 0,
+                               None, None)
+                    return (h, cache_in), None
+                return run(nnx.merge(graph, params), h, cache_in, layer, None, None), None
 
             if cfg.remat:
                 body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-            (h, cache), _ = jax.lax.scan(body, (h, cache), (stacked, jnp.arange(cfg.num_layers)))
+            carry = (h, None if shared else cache)
+            (h, carried), _ = jax.lax.scan(body, carry, (stacked, jnp.arange(cfg.num_layers), layer_kv))
+            cache = cache if shared else carried
             # every slot's output computed, then the asked ones picked (one program for all layers)
             h = h if query is None else _pick(h, query)
             return self.norm(h), cache
@@ -641,6 +673,19 @@ def unstack_layers(tree: dict, num_layers: int, take=lambda x, i: x[i]) -> dict:
     """A stacked model state dict in the per-layer layout (keys 0 … num_layers − 1); `take(leaf,
     i)` is layer i's slice."""
     return {**tree, "layers": {i: jax.tree.map(lambda x: take(x, i), tree["layers"]) for i in range(num_layers)}}
+
+
+def in_compute_dtype(model: Qwen2) -> Qwen2:
+    """The model with its weights cast to its compute dtype, for programs that only run it
+    forward (rollout, diagnostics, validation): one copy made up front instead of a cast at
+    every use inside their loops. The same numbers, since every use casts its weight to the
+    compute dtype; the model itself when its weights are stored in that dtype."""
+    if model.cfg.param_dtype == model.cfg.dtype:
+        return model
+    dtype = jnp.dtype(model.cfg.dtype)
+    graph, state = nnx.split(model)
+    return nnx.merge(graph, jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                         state))
 
 
 def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:

@@ -10,6 +10,7 @@ import pytest
 from agent_setup import text_parts, tiny_model
 from flax import nnx
 
+from ragen_jax.models.qwen2 import init_model, stack_layers
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout import RolloutConfig, model_policy, rollout
@@ -88,10 +89,18 @@ def test_training_forward_reproduces_sampling_logprobs(setup, trajectories):
     np.testing.assert_allclose(np.asarray(batch.rewards).sum(1), np.asarray(trajectories.episode_reward))
 
 
-def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, trajectories):
-    """The system prompt (the same in every row) is run for one row and its keys/values
-    broadcast: log-probs, entropies and parameter gradients equal a forward over every row."""
+@pytest.mark.parametrize("layout", ["unrolled", "scanned, remat"])
+def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, trajectories, layout):
+    """The system prompt (the same in every row) is run for one row and every row reads its
+    keys/values: log-probs, entropies and parameter gradients equal a forward over every row
+    (per-layer model, and scanned layers with rematerialisation)."""
     model = setup[-1]
+    if layout != "unrolled":
+        scanned = init_model(dataclasses.replace(model.cfg, scan_layers=True, remat=True), jax.random.key(0))
+        state = nnx.state(scanned)
+        nnx.replace_by_pure_dict(state, stack_layers(nnx.to_pure_dict(nnx.state(model))))
+        nnx.update(scanned, state)
+        model = scanned
     batch = batch_from_trajectories(trajectories, ROLLOUT.max_new_tokens)
     assert batch.shared_prefix == trajectories.prompt_len > 0
     assert np.all(np.asarray(trajectories.tokens[:, :batch.shared_prefix]) == np.asarray(trajectories.tokens[0, :batch.shared_prefix]))

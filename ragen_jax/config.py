@@ -85,6 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
         name="ppo", advantage=PRESET, aggregation=PRESET, clip_low=0.2, clip_high=0.28, dual_clip=0.0,
         entropy_coef=0.001, kl_coef=0.0, kl_estimator="k3", gamma=1.0, lam=1.0, actor_lr=1e-6, critic_lr=1e-5,
         weight_decay=0.01, grad_clip=1.0, lr_warmup=0, adam_eps=1e-8, lr_decay_fraction=0.0, value_clip=0.5,
+        adam_moments="param",  # or "bfloat16": Adam's moments stored in bfloat16 (half the optimiser memory)
         mini_batch_size=32, micro_batch_size=0, epochs=1,
     ))
     c.diagnostics = ml_collections.ConfigDict(dict(

@@ -23,6 +23,7 @@ import optax
 from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 
 ALGORITHMS = ("ppo", "grpo", "drgrpo", "dapo")
+ADAM_MOMENTS = ("param", "bfloat16")
 ADVANTAGES = ("gae", "grpo", "drgrpo")
 
 
@@ -45,6 +46,9 @@ class AlgoConfig:
     grad_clip: float = 1.0
     lr_warmup: int = 0  # optimiser updates over which the learning rate rises linearly from 0 (0: none)
     adam_eps: float = 1e-8  # Adam's denominator floor: parameters whose gradient RMS is below it move less than lr
+    # Adam's two moments stored in each parameter's dtype ("param") or in bfloat16 (half the
+    # optimiser's memory for float32 weights; the update itself is computed in float32)
+    adam_moments: str = "param"
     lr_decay_fraction: float = 0.0  # the last part of the run over which both rates fall linearly to 0 (0: none)
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
@@ -65,7 +69,7 @@ class AlgoConfig:
 
     def __post_init__(self):
         for field, allowed in (("name", ALGORITHMS), ("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
-                               ("kl_estimator", KL_ESTIMATORS)):
+                               ("kl_estimator", KL_ESTIMATORS), ("adam_moments", ADAM_MOMENTS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"algo.{field}={value!r} is not supported; allowed: {', '.join(allowed)}")
@@ -156,8 +160,32 @@ def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:
     the rate is a constant, so the optimiser state keeps its layout and older checkpoints resume.
 
     `adam_eps` is Adam's denominator floor (optax's 1e-8 by default): a parameter whose gradient
-    RMS is well below it moves by less than the rate, one well above it by about the rate."""
+    RMS is well below it moves by less than the rate, one well above it by about the rate.
+
+    `adam_moments="bfloat16"` stores both moments in bfloat16 (`adam_in_bfloat16`); AdamW is
+    otherwise the same chain as optax's: Adam's scaling, decoupled weight decay, the rate."""
     rate = optax.linear_schedule(0.0, lr, config.lr_warmup) if config.lr_warmup else lr
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip),
-                       optax.adamw(rate, b1=0.9, b2=0.999, eps=config.adam_eps,
-                                   weight_decay=config.weight_decay))
+    if config.adam_moments == "param":
+        adam = optax.adamw(rate, b1=0.9, b2=0.999, eps=config.adam_eps, weight_decay=config.weight_decay)
+    else:
+        adam = optax.chain(adam_in_bfloat16(b1=0.9, b2=0.999, eps=config.adam_eps),
+                           optax.add_decayed_weights(config.weight_decay), optax.scale_by_learning_rate(rate))
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adam)
+
+
+def adam_in_bfloat16(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """optax's Adam scaling with its moments stored in bfloat16: each update reads them back as
+    float32, computes Adam's step there, and rounds the new moments to bfloat16 to store."""
+    base = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+    to = lambda dtype: (lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree))
+
+    def init(params):
+        state = base.init(params)
+        return state._replace(mu=to(jnp.bfloat16)(state.mu), nu=to(jnp.bfloat16)(state.nu))
+
+    def update(updates, state, params=None):
+        updates, state = base.update(updates, state._replace(mu=to(jnp.float32)(state.mu),
+                                                             nu=to(jnp.float32)(state.nu)), params)
+        return updates, state._replace(mu=to(jnp.bfloat16)(state.mu), nu=to(jnp.bfloat16)(state.nu))
+
+    return optax.GradientTransformation(init, update)

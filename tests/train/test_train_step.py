@@ -385,6 +385,36 @@ def test_adam_eps_damps_only_parameters_with_gradients_below_it():
         np.testing.assert_allclose(update["w"], -1e-2 * g / (np.abs(g) + eps), rtol=1e-4)
 
 
+def test_bfloat16_adam_moments_follow_a_numpy_adamw_that_rounds_them():
+    """`adam_moments="bfloat16"`: the moments are stored in bfloat16, and each update is AdamW's
+    computed in float32 from the stored moments (a NumPy loop that rounds both moments to
+    bfloat16 after every step, with bias correction, weight decay and the rate)."""
+    import ml_dtypes
+
+    lr, wd, eps, b1, b2 = 1e-2, 0.1, 1e-8, 0.9, 0.999
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+    grads = [jnp.asarray(rng.normal(size=5) * 0.3, jnp.float32) for _ in range(6)]
+    tx = optimizer(lr, AlgoConfig.preset("grpo", weight_decay=wd, grad_clip=100.0, adam_moments="bfloat16"))
+    state = tx.init(params)
+    assert {leaf.dtype for leaf in jax.tree.leaves(state) if leaf.ndim == 1} == {jnp.dtype(jnp.bfloat16)}
+    to_bf16 = lambda x: np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    mu = nu = np.zeros(5)
+    w = np.asarray(params["w"], np.float64)
+    for k, g in enumerate(grads, start=1):
+        update, state = tx.update({"w": g}, state, params)
+        g = np.asarray(g, np.float64)
+        mu, nu = b1 * mu + (1 - b1) * g, b2 * nu + (1 - b2) * g * g
+        want = -lr * ((mu / (1 - b1 ** k)) / (np.sqrt(nu / (1 - b2 ** k)) + eps) + wd * w)
+        np.testing.assert_allclose(np.asarray(update["w"]), want, rtol=5e-5, atol=1e-9)  # bf16 would miss by 4e-3
+        mu, nu = to_bf16(mu), to_bf16(nu)  # what is stored
+    stored = [leaf for leaf in jax.tree.leaves(state) if leaf.ndim == 1]
+    np.testing.assert_array_equal(np.sort(np.concatenate([np.asarray(x, np.float64) for x in stored])),
+                                  np.sort(np.concatenate([mu, nu])))
+    with pytest.raises(ValueError, match="algo.adam_moments='float16' is not supported"):
+        AlgoConfig.preset("grpo", adam_moments="float16")
+
+
 # ----------------------------------------------------------------------------- diagnostics wiring
 
 

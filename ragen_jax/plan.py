@@ -103,6 +103,15 @@ class Layout:
         return self.observation_offset(t) + self.observation
 
 
+def buffer_layout(env, env_params, codec, prompt, rollout_config) -> Layout:
+    """The rollout buffer's layout for an env, its text tables and a rollout config."""
+    import jax
+
+    rows, cols = env.symbol_grid(env.reset(jax.random.key(0), env_params), env_params).shape
+    return Layout(system=int(prompt.system_ids.shape[0]), observation=prompt.observation_capacity(codec, rows, cols),
+                  generation=rollout_config.max_new_tokens, turns=rollout_config.max_turns)
+
+
 def analytic_flops(cfg, step_config, layout: Layout) -> dict[str, float]:
     """Whole-batch FLOPs of one train step, by phase, every group kept (the filter can only
     lower the update's share) and every decode running its full `max_new_tokens` (an early
@@ -382,10 +391,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         reference=policy if algo.uses_reference else None,
         empty_streak=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), diagnostics=diagnostics)
 
-    # the buffer layout, as the rollout computes it
-    rows, cols = env.symbol_grid(env.reset(jax.random.key(0), env_params), env_params).shape
-    layout = Layout(system=int(prompt.system_ids.shape[0]), observation=prompt.observation_capacity(codec, rows, cols),
-                    generation=rcfg.max_new_tokens, turns=rcfg.max_turns)
+    layout = buffer_layout(env, env_params, codec, prompt, rcfg)
     row_shards = sharding.row_shards(mesh)
     local_rows = rcfg.batch // row_shards
     model_shards = mesh.shape["fsdp"] * mesh.shape["tensor"]

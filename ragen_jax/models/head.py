@@ -1,12 +1,13 @@
-"""Log-probabilities and entropies of the LM head over the vocabulary in chunks.
+"""Log-probabilities and entropies of the LM head, over the vocabulary and the positions in chunks.
 
 For a 152K vocabulary the f32 logits of a few thousand positions are gigabytes; the loss only
 needs, per position, the target's log-probability and the distribution's entropy. Here the
-vocabulary is visited `chunk` entries at a time with a running maximum (an online
-log-sum-exp), so at most [positions, chunk] logits exist. The gradient is written by hand
-(`jax.custom_vjp`) and visits the chunks again, recomputing each chunk's logits: autodiff of
-the forward loop would keep every chunk's logits for the backward pass, the whole vocabulary
-again. With l = h·Wᵀ, p = softmax(l), H = −Σ p log p:
+positions are taken `rows` at a time and, for each block, the vocabulary `chunk` entries at a
+time with a running maximum (an online log-sum-exp), so at most [rows, chunk] logits exist.
+The gradient is written by hand (`jax.custom_vjp`) and visits the chunks again, recomputing
+their logits: autodiff of the loops would keep every chunk's logits (and hoist per-chunk masks
+and weight slices out of them), the whole vocabulary again. With l = h·Wᵀ, p = softmax(l),
+H = −Σ p log p:
 
     ∂ log p_t / ∂ l_v = [v = t] − p_v          ∂H / ∂ l_v = −p_v (log p_v + H)
 
@@ -31,71 +32,103 @@ def _layout(vocab: int, chunk: int) -> tuple[int, int]:
 
 
 def _chunk_logits(hidden, weight, c, chunk):
-    """f32 logits [N, chunk] of chunk c and which of its entries are its own (the last chunk
-    is the vocabulary's tail: entries the chunk before holds are not its own)."""
+    """f32 logits [N, chunk] of chunk c, its vocabulary ids, an additive mask [chunk] (−∞ on
+    entries the chunk before holds: the last chunk is the vocabulary's tail) and its weights."""
     vocab = weight.shape[0]
     start = jnp.minimum(c * chunk, vocab - chunk)
     w_chunk = jax.lax.dynamic_slice_in_dim(weight, start, chunk)
     logits = jnp.einsum("nd,vd->nv", hidden, w_chunk, preferred_element_type=jnp.float32)
     ids = start + jnp.arange(chunk)
-    return logits, ids, ids >= c * chunk, w_chunk
+    return logits, ids, jnp.where(ids >= c * chunk, 0.0, _NEG_INF), w_chunk
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def chunked_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, chunk: int):
+def _blocks(n: int, rows: int) -> tuple[int, int]:
+    """(rows per block, number of blocks) for n positions taken `rows` at a time."""
+    rows = min(rows, n) if rows else n
+    return rows, -(-n // rows)
+
+
+def _padded(x, rows, count):
+    return jnp.pad(x, ((0, rows * count - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def chunked_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, chunk: int, rows: int = 0):
     """(log p(targets), entropy), both f32 [N], for hidden [N, d] and head weight [V, d] (in
-    the compute dtype), visiting the vocabulary `chunk` entries at a time."""
-    return _forward(hidden, weight, targets, chunk)[0]
+    the compute dtype): `rows` positions (0: all) and `chunk` vocabulary entries at a time."""
+    return _forward(hidden, weight, targets, chunk, rows)[0]
 
 
-def _forward(hidden, weight, targets, chunk):
-    chunk, count = _layout(weight.shape[0], chunk)
+def _block_forward(hidden, weight, targets, chunk, count):
+    """log p(targets), entropy and log-sum-exp of one block of positions."""
     n = hidden.shape[0]
 
     def visit(carry, c):
         top, total, weighted, picked = carry
-        logits, ids, own, _ = _chunk_logits(hidden, weight, c, chunk)
-        masked = jnp.where(own[None, :], logits, _NEG_INF)
+        logits, ids, mask, _ = _chunk_logits(hidden, weight, c, chunk)
+        masked = logits + mask[None, :]
         new_top = jnp.maximum(top, jnp.max(masked, axis=1))
         rescale = jnp.exp(top - new_top)
-        e = jnp.exp(masked - new_top[:, None])  # 0 where not own
+        e = jnp.exp(masked - new_top[:, None])  # 0 on entries not this chunk's
         total = total * rescale + jnp.sum(e, axis=1)
         weighted = weighted * rescale + jnp.sum(e * logits, axis=1)
-        hit = own[None, :] & (ids[None, :] == targets[:, None])
+        hit = (ids[None, :] == targets[:, None]) & (mask[None, :] == 0.0)
         picked = picked + jnp.sum(jnp.where(hit, logits, 0.0), axis=1)
         return (new_top, total, weighted, picked), None
 
-    init = (jnp.full((n,), _NEG_INF, jnp.float32), jnp.zeros((n,), jnp.float32), jnp.zeros((n,), jnp.float32),
-            jnp.zeros((n,), jnp.float32))
-    (top, total, weighted, picked), _ = jax.lax.scan(visit, init, jnp.arange(count))
+    zeros = jnp.zeros((n,), jnp.float32)
+    (top, total, weighted, picked), _ = jax.lax.scan(visit, (jnp.full((n,), _NEG_INF), zeros, zeros, zeros),
+                                                     jnp.arange(count))
     lse = top + jnp.log(total)
-    entropy = lse - weighted / total
-    return (picked - lse, entropy), (hidden, weight, targets, lse, entropy)
+    return picked - lse, lse - weighted / total, lse
 
 
-def _backward(chunk, residuals, cotangents):
+def _forward(hidden, weight, targets, chunk, rows):
+    n = hidden.shape[0]
+    chunk, count = _layout(weight.shape[0], chunk)
+    rows, blocks = _blocks(n, rows)
+    h = _padded(hidden, rows, blocks).reshape(blocks, rows, -1)
+    t = _padded(targets, rows, blocks).reshape(blocks, rows)
+    logp, entropy, lse = jax.lax.map(lambda a: _block_forward(a[0], weight, a[1], chunk, count), (h, t))
+    logp, entropy, lse = (x.reshape(-1)[:n] for x in (logp, entropy, lse))
+    return (logp, entropy), (hidden, weight, targets, lse, entropy)
+
+
+def _backward(chunk, rows, residuals, cotangents):
     hidden, weight, targets, lse, entropy = residuals
     g_logp, g_entropy = cotangents
-    vocab = weight.shape[0]
+    n, vocab = hidden.shape[0], weight.shape[0]
     chunk, count = _layout(vocab, chunk)
+    rows, blocks = _blocks(n, rows)
+    pad = lambda x: _padded(x, rows, blocks).reshape(blocks, rows, *x.shape[1:])
+    h, t, lse, entropy, g_logp, g_entropy = (pad(x) for x in (hidden, targets, lse, entropy, g_logp, g_entropy))
 
-    def visit(d_hidden, c):
-        logits, ids, own, w_chunk = _chunk_logits(hidden, weight, c, chunk)
-        logp = logits - lse[:, None]
-        p = jnp.where(own[None, :], jnp.exp(logp), 0.0)
-        target = own[None, :] & (ids[None, :] == targets[:, None])
-        d_logits = (g_logp[:, None] * (jnp.where(target, 1.0, 0.0) - p)
-                    - g_entropy[:, None] * p * (logp + entropy[:, None]))
-        d_logits = d_logits.astype(hidden.dtype)
-        d_hidden = d_hidden + jnp.einsum("nv,vd->nd", d_logits, w_chunk, preferred_element_type=jnp.float32)
-        d_w = jnp.einsum("nv,nd->vd", d_logits, hidden, preferred_element_type=jnp.float32)
+    def vocab_chunk(d_hidden, c):
+        """This chunk's weight gradient, summed over the blocks of positions; each block's
+        hidden-state gradient accumulated."""
+
+        def block(i, carry):
+            d_hidden, d_w = carry
+            logits, ids, mask, w_chunk = _chunk_logits(h[i], weight, c, chunk)
+            logp = logits - lse[i][:, None]
+            p = jnp.exp(logp + mask[None, :])  # 0 on entries not this chunk's
+            target = (ids[None, :] == t[i][:, None]) & (mask[None, :] == 0.0)
+            d_logits = (g_logp[i][:, None] * (jnp.where(target, 1.0, 0.0) - p)
+                        - g_entropy[i][:, None] * p * (logp + entropy[i][:, None]))
+            d_logits = d_logits.astype(hidden.dtype)
+            d_h = jnp.einsum("nv,vd->nd", d_logits, w_chunk, preferred_element_type=jnp.float32)
+            d_hidden = d_hidden.at[i].add(d_h)
+            return d_hidden, d_w + jnp.einsum("nv,nd->vd", d_logits, h[i], preferred_element_type=jnp.float32)
+
+        d_w = jnp.zeros((chunk, weight.shape[1]), jnp.float32)
+        d_hidden, d_w = jax.lax.fori_loop(0, blocks, block, (d_hidden, d_w))
         return d_hidden, d_w.astype(weight.dtype)
 
-    d_hidden, d_w = jax.lax.scan(visit, jnp.zeros(hidden.shape, jnp.float32), jnp.arange(count))
+    d_hidden, d_w = jax.lax.scan(vocab_chunk, jnp.zeros(h.shape, jnp.float32), jnp.arange(count))
     d_w = d_w.reshape(count * chunk, -1)
     overlap = count * chunk - vocab  # the last chunk's rows that the one before holds (zero here)
     d_w = jnp.concatenate([d_w[:(count - 1) * chunk], d_w[(count - 1) * chunk + overlap:]])
-    return d_hidden.astype(hidden.dtype), d_w, None
+    return d_hidden.reshape(-1, hidden.shape[1])[:n].astype(hidden.dtype), d_w, None
 
 
 chunked_logprobs.defvjp(_forward, _backward)

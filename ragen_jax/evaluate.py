@@ -24,7 +24,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
+from ragen_jax import compile_cache, distributed, host_devices, reasoning_check, sharding
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 from ragen_jax.files import write_atomically
@@ -34,6 +34,7 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
     from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories
     from ragen_jax.experiment import restore_run
+    from ragen_jax.models.qwen2 import in_compute_dtype
 
     exp, step = restore_run(workdir, step)
     e = exp.config.eval
@@ -43,10 +44,12 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
                           exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
     k = eval_config.samples_per_env
-    mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False)
-    mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
-        exp.model, traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(), group_size=k,
-        mesh=exp.mesh)
+    mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False,
+                                  score_rows=exp.config.diagnostics.get("score_rows", 0))
+    with sharding.tracing_on(exp.mesh):
+        mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
+            in_compute_dtype(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
+            group_size=k, mesh=exp.mesh)
     metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
                     or k_ == "mi/reasoning_length_mean"})
     traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import in_compute_dtype
@@ -148,9 +149,11 @@ class Validator:
         self.rollout = eval_config.rollout_config(train_rollout_config)
 
     def __call__(self, params_state: nnx.State) -> tuple[dict[str, float], Trajectories]:
-        metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, graph=self.graph, env=self.env,
-                                           env_params=self.env_params, eval_config=self.eval_config,
-                                           train_rollout_config=self.train_rollout_config, mesh=self.mesh)
+        with sharding.tracing_on(self.mesh):
+            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, graph=self.graph,
+                                               env=self.env, env_params=self.env_params,
+                                               eval_config=self.eval_config,
+                                               train_rollout_config=self.train_rollout_config, mesh=self.mesh)
         return {name: float(value) for name, value in jax.device_get(metrics).items()}, traj
 
 

@@ -164,24 +164,28 @@ def diagnostics_flops(cfg, d, r, layout: Layout) -> float:
 
 
 def activation_bytes(cfg, rows: int, length: int, projected: int, remat: bool, sharded: bool = False,
-                     chunk: int = 128) -> float:
+                     chunk: int = 128, query_block: int = 128) -> float:
     """Analytic bytes of one micro-batch's forward+backward on one device (`rows` buffers of
     `length` slots, `projected` vocabulary positions each) in the compute dtype, as a
-    TPU/GPU compiler lays it out: without remat every block keeps its activations for the
-    backward pass — the linear ones and the attention scores [heads, length, length] (f32
-    scores and compute-dtype probabilities: this implementation materialises them); with remat
-    every block keeps only its input and one block's activations exist at a time. Plus one
-    vocabulary chunk (f32 logits, log-softmax, probabilities; `token_logprobs`). `sharded`
-    (FSDP / tensor): the weights gathered for compute — one block's at a time with remat,
-    every block's kept for the backward pass without — and the embedding/head matrices."""
+    TPU/GPU compiler lays it out: without remat every layer keeps its activations for the
+    backward pass — the linear ones and the attention scores (f32 scores and compute-dtype
+    probabilities, [heads, length, length]: this implementation materialises them); with remat
+    every layer keeps only its input, one layer's activations exist at a time, and of its
+    attention one query block's scores (each block is recomputed in its own backward pass).
+    Plus one block of vocabulary logits (f32 logits, exponentials, gradient: [rows × chunk
+    positions, vocab_chunk or the whole vocabulary]; `token_logprobs`). `sharded` (FSDP /
+    tensor): the weights gathered for compute — one layer's at a time with remat, every
+    layer's kept for the backward pass without — and the embedding/head matrices."""
     import numpy as np
 
     c = np.dtype(cfg.dtype).itemsize if cfg.dtype != "bfloat16" else 2
     d, q, kv, i = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
     linear = rows * length * (6 * d + 3 * q + 2 * kv + 4 * i) * c
-    scores = rows * cfg.num_heads * length * length * (4 + c)
+    queries = min(query_block, length) if remat else length
+    scores = rows * cfg.num_heads * queries * length * (4 + c)
     block = linear + scores
-    head = 3 * rows * min(chunk, projected) * cfg.vocab_size * 4 + rows * projected * d * c
+    vocab = min(cfg.vocab_chunk, cfg.vocab_size) if cfg.vocab_chunk else cfg.vocab_size
+    head = 3 * rows * min(chunk, projected) * vocab * 4 + rows * projected * d * c
     kept = cfg.num_layers * rows * length * d * c + block if remat else cfg.num_layers * block
     if sharded:
         tables = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * d
@@ -191,12 +195,14 @@ def activation_bytes(cfg, rows: int, length: int, projected: int, remat: bool, s
 
 def cross_scoring_bytes(cfg, d, r, layout: "Layout") -> float:
     """Analytic working set of the diagnostics' largest pair set on one device, beyond the
-    prefilled cache: each column step gathers its rows' prompt caches (M rows × prompt +
-    continuation slots), runs the continuation (attention scores [M, heads, W, slots]) and
-    projects W tokens per row to the vocabulary (f32 logits, log-softmax, probabilities). Taken
-    as not split over devices (rows are gathered by data-dependent indices): an upper bound."""
+    prefilled cache: each column step gathers its rows' prompt caches (`score_rows` rows at a
+    time, else all M, × prompt + continuation slots), runs the continuation (attention scores
+    [rows, heads, W, slots]) and projects W tokens per row to the vocabulary (f32 logits,
+    exponentials, log-probs; `vocab_chunk` entries at a time). Taken as not split over devices
+    (rows are gathered by data-dependent indices): an upper bound."""
     c = 2 if cfg.dtype == "bfloat16" else 4
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * c
+    vocab = min(cfg.vocab_chunk, cfg.vocab_size) if cfg.vocab_chunk else cfg.vocab_size
     w = layout.generation + 1
     first, last = layout.generation_offset(0), layout.generation_offset(layout.turns - 1)
     m = min(d.num_samples, r.batch)
@@ -205,8 +211,9 @@ def cross_scoring_bytes(cfg, d, r, layout: "Layout") -> float:
         sets.append((d.per_turn_samples, last, w))
     if d.action_grounding:
         sets.append((r.batch, first + layout.generation, d.answer_tokens + 1))
+    sets = [(min(rows, d.score_rows or rows), prompt, width) for rows, prompt, width in sets]
     return max(rows * (prompt + width) * kv + rows * cfg.num_heads * width * (prompt + width) * (4 + c)
-               + 3 * rows * width * cfg.vocab_size * 4 for rows, prompt, width in sets)
+               + 3 * rows * width * vocab * 4 for rows, prompt, width in sets)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -233,15 +240,15 @@ class Plan:
 
     def estimate(self) -> dict:
         """Peak bytes per device from the parts: the train state, plus the largest of the
-        phases' working sets — the rollout's KV cache, the diagnostics' cross-scoring cache,
-        the update's gradients (summed over micro-batches, plus the optimiser's update of the
+        phases' working sets — the rollout's KV cache, the diagnostics' cross-scoring cache
+        (both with the compute-dtype copy of the weights they run on), the update's gradients (summed over micro-batches, plus the optimiser's update of the
         same size) and one micro-batch's activations. All analytic (compute dtype, remat as
         configured): XLA's CPU compiler computes bfloat16 in float32 and does not schedule for
         memory the way the TPU/GPU compilers do, so its temporaries are an upper bound."""
         m, a = self.memory, self.analytic
         state = sum(m[k] for k in ("parameters", "optimiser", "critic", "critic optimiser", "reference"))
-        phases = {"rollout": a["rollout KV cache"],
-                  "diagnostics": a["cross-scoring cache"] + a["cross-scoring working set"],
+        phases = {"rollout": a["rollout KV cache"] + a["inference weights"],
+                  "diagnostics": a["cross-scoring cache"] + a["cross-scoring working set"] + a["inference weights"],
                   "update": 3 * a["gradients"] + a[f"activations, remat {'on' if self.remat else 'off'}"]}
         phase = max(phases, key=phases.get)
         return {"state": state, "phase": phase, "working set": phases[phase], "peak": state + phases[phase]}
@@ -412,6 +419,8 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         "critic optimiser": 2 * (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic else 0,
         "reference": cfg.num_params() * param_bytes / model_shards if algo.uses_reference else 0,
         "rollout KV cache": local_rows * layout.length * kv,
+        # the copy of the weights in the compute dtype the rollout and diagnostics run on (`in_compute_dtype`)
+        "inference weights": (cfg.num_params() * compute / model_shards if cfg.param_dtype != cfg.dtype else 0),
         "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
                                 if step_config.diagnostics is not None else 0),
         "cross-scoring working set": (cross_scoring_bytes(cfg, step_config.diagnostics, rcfg, layout)
@@ -427,7 +436,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     xla_flops = {}
     if pieces:
         log(f"compiling the pieces ({', '.join(pieces)}) ...")
-        piece = _pieces(cfg, trainer, mesh, policy, layout, algo.micro_batch, rcfg.batch, seconds, pieces)
+        piece = _pieces(cfg, mesh, policy, layout, algo.micro_batch, rcfg.batch, seconds, pieces)
         memory.update(piece["memory"])
         xla_flops.update(piece["flops"])
     step = None
@@ -436,8 +445,9 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
             "--no-step skips it) ...")
         shardings = jax.tree.map(lambda x: x.sharding, state)
         started = time.perf_counter()
-        compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(
-            state, trainer.codec, trainer.prompt).compile()
+        with sharding.tracing_on(mesh):
+            compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(
+                state, trainer.codec, trainer.prompt).compile()
         seconds["train step"] = time.perf_counter() - started
         stats = compiled.memory_analysis()
         step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
@@ -448,10 +458,14 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
                 xla_flops=xla_flops, seconds=seconds)
 
 
-def _pieces(cfg, trainer, mesh, policy, layout: Layout, micro: int, batch: int, seconds: dict, which) -> dict:
+def _pieces(cfg, mesh, policy, layout: Layout, micro: int, batch: int, seconds: dict, which) -> dict:
     """Compile the pieces the step repeats: the policy's forward+backward on one micro-batch
     (with and without rematerialisation) and one decode step of the rollout at the last turn.
-    Returns their per-device temporaries and their FLOPs (XLA and analytic, whole mesh)."""
+    Returns their per-device temporaries and their FLOPs (XLA and analytic, whole mesh).
+
+    XLA counts a loop's body once, so the FLOPs are counted on the same pieces with every loop
+    of the model unrolled (layers not scanned, the vocabulary in one piece); the memory is the
+    piece's as configured."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -474,19 +488,31 @@ def _pieces(cfg, trainer, mesh, policy, layout: Layout, micro: int, batch: int, 
                rewards=array((micro, k), f32), advantages=array((micro, k), f32), returns=array((micro, k), f32),
                old_values=array((micro, k), f32))
     memory, flops = {}, {}
-    for remat in (True, False):
-        if f"remat-{'on' if remat else 'off'}" not in which:
-            continue
-        graph = nnx.graphdef(_abstract(Qwen2, dataclasses.replace(cfg, remat=remat)))
+    unrolled = dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)
+
+    def params_of(model_cfg):
+        if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
+            return policy
+        state = nnx.state(_abstract(Qwen2, model_cfg))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                            sharding.module_shardings(state, mesh))
+
+    def micro_batch_gradient(model_cfg):
+        graph = nnx.graphdef(_abstract(Qwen2, model_cfg))
+        params = params_of(model_cfg)
 
         def loss(params, b):
             logp, entropy = policy_logprobs(nnx.merge(graph, params), b, 1.0)
             return jnp.sum(jnp.where(b.loss_mask, b.advantages * logp + 0.001 * entropy, 0.0))
 
+        return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, params),
+                       keep_unused=True).lower(params, mb).compile()
+
+    for remat in (True, False):
+        if f"remat-{'on' if remat else 'off'}" not in which:
+            continue
         started = time.perf_counter()
-        compiled = jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, policy),
-                           keep_unused=True).lower(
-            policy, mb).compile()
+        compiled = micro_batch_gradient(dataclasses.replace(cfg, remat=remat))
         seconds[f"micro-batch fwd+bwd (remat={remat})"] = time.perf_counter() - started
         stats = compiled.memory_analysis()
         memory[f"activations, remat {'on' if remat else 'off'}"] = int(stats.temp_size_in_bytes)
@@ -496,12 +522,12 @@ def _pieces(cfg, trainer, mesh, policy, layout: Layout, micro: int, batch: int, 
             memory["gradients"] = int(stats.output_size_in_bytes)
             fwd = forward_flops(cfg, micro * s, s, 0)
             head = forward_flops(cfg, 0, 0, micro * k)
-            flops["micro-batch fwd+bwd"] = (_xla_flops(compiled) * devices,
-                                            (4 if remat else 3) * fwd + 4 * head)
+            counted = compiled if unrolled == cfg else micro_batch_gradient(unrolled)
+            flops["micro-batch fwd+bwd"] = (_xla_flops(counted) * devices, (4 if remat else 3) * fwd + 4 * head)
 
     if "decode" not in which:
         return {"memory": memory, "flops": flops}
-    graph = trainer.policy_graph
+    graph = nnx.graphdef(_abstract(Qwen2, unrolled))
     kv = jax.eval_shape(lambda: init_cache(cfg, batch, s))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
     cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
@@ -514,8 +540,8 @@ def _pieces(cfg, trainer, mesh, policy, layout: Layout, micro: int, batch: int, 
         return model.logits(hidden[:, 0]), cache
 
     started = time.perf_counter()
-    compiled = jax.jit(decode_step).lower(policy, cache, array((batch, 1), i32), array((batch, 1), i32),
-                                          array((batch, 1), bool)).compile()
+    compiled = jax.jit(decode_step).lower(params_of(unrolled), cache, array((batch, 1), i32),
+                                          array((batch, 1), i32), array((batch, 1), bool)).compile()
     seconds["decode step"] = time.perf_counter() - started
     flops["decode step (last turn)"] = (_xla_flops(compiled) * devices, forward_flops(cfg, batch, offset + 1, batch))
     return {"memory": memory, "flops": flops}
@@ -545,7 +571,7 @@ def report(p: Plan) -> str:
              "", "memory per device             compiled / sharded      analytic"]
     for name in ("parameters", "optimiser", "critic", "critic optimiser", "reference"):
         lines.append(f"  {name:26s} {_gib(p.memory[name])}   {_gib(p.analytic[name])}")
-    for name in ("rollout KV cache", "cross-scoring cache", "cross-scoring working set", "gradients",
+    for name in ("rollout KV cache", "inference weights", "cross-scoring cache", "cross-scoring working set", "gradients",
                  "activations, remat on", "activations, remat off"):
         measured = _gib(p.memory[name]) if name in p.memory else f"{'':12s}"
         lines.append(f"  {name:26s} {measured}   {_gib(p.analytic[name])}")

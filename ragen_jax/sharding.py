@@ -9,6 +9,7 @@ CPU, on 8 fake CPU devices and on a TPU slice; only the mesh changes.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -16,10 +17,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ragen_jax.models.qwen2 import fit_spec
+from ragen_jax.models.qwen2 import ROWS, fit_spec  # ROWS: the mesh axes trajectory rows are split over
 
 AXES = ("data", "fsdp", "tensor")
-ROWS = ("data", "fsdp")  # the mesh axes trajectory rows are split over
 
 
 def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
@@ -33,6 +33,12 @@ def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
     if need > len(devices):
         raise ValueError(f"mesh {'x'.join(map(str, shape))} needs {need} devices; {len(devices)} available")
     return Mesh(np.asarray(devices[:need]).reshape(shape), AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def tracing_on(mesh: Mesh | None):
+    """The context to trace a program for `mesh` in (`jax.set_mesh`; nothing without a mesh):
+    the model then keeps its activations' rows split over the mesh (`qwen2.constrain_rows`)."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 def row_shards(mesh: Mesh | None) -> int:

@@ -159,7 +159,8 @@ class Trainer:
                 shardings = jax.tree.map(lambda x: x.sharding, state)
                 compiled.jitted = jax.jit(fn, donate_argnums=0,
                                           out_shardings=(shardings, sharding.replicated(self.mesh)))
-            return compiled.jitted(state, *args)
+            with sharding.tracing_on(self.mesh):
+                return compiled.jitted(state, *args)
 
         return compiled
 

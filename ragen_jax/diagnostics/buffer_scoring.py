@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ragen_jax import sharding
-from ragen_jax.models.qwen2 import KVCache, Qwen2, init_cache, map_row_blocks, positions_from_mask, token_logprobs
+from ragen_jax.models.qwen2 import (KVCache, Qwen2, constrain_rows, init_cache, map_row_blocks, positions_from_mask,
+                                    row_shards, token_logprobs)
 
 
 def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
@@ -40,10 +41,16 @@ def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows
 
 
 def _prefill(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
-    """Each block's keys/values written into one preallocated cache (no stacked copy)."""
+    """Each block's keys/values written into one preallocated cache (no stacked copy). Where
+    the rows are split over a mesh (`qwen2.constrain_rows`) they are prefilled in one block,
+    each device its own, and the cache stays split."""
     rows, length = tokens.shape
-    block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
     mask = mask.astype(bool)
+    if row_shards() > 1 and rows % row_shards() == 0:
+        tokens, mask = constrain_rows(tokens), constrain_rows(mask)
+        _, cache = model(tokens, positions_from_mask(mask), mask, init_cache(model.cfg, rows, length), 0)
+        return KVCache(constrain_rows(cache.k, 1), constrain_rows(cache.v, 1), mask)
+    block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
 
     def one(i, cache):
         take = lambda a: jax.lax.dynamic_slice_in_dim(a, i * block, block)
@@ -99,8 +106,6 @@ def score_continuations(
 def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column=None):
     num_rows, width = cont.shape
     cont_mask = cont_mask.astype(bool)
-    k = cache.k[:, :, :, :prompt_width]
-    v = cache.v[:, :, :, :prompt_width]
     prompt_valid = cache.mask[:, :prompt_width]
     prompt_ids = tokens[:, :prompt_width]
     slots = jnp.arange(prompt_width)[None, :]
@@ -113,8 +118,8 @@ def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, o
         last = jnp.max(jnp.where(valid, slots, -1), axis=1)  # the prompt's last token (-1: empty)
         last_id = prompt_ids[rows, jnp.maximum(last, 0)]
         before = valid & (slots < last[:, None])  # the cached prefix; the last token is re-fed
-        column = KVCache(jnp.pad(k[:, rows], grow), jnp.pad(v[:, rows], grow),
-                         jnp.pad(before, ((0, 0), (0, width + 1))))
+        gather = lambda a: jnp.pad(_rows_up_to(a, rows, prompt_width), grow)
+        column = KVCache(gather(cache.k), gather(cache.v), jnp.pad(before, ((0, 0), (0, width + 1))))
         chunk = jnp.concatenate([last_id[:, None], cont], axis=1)
         chunk_mask = jnp.concatenate([(last >= 0)[:, None], cont_mask], axis=1)
         positions = positions_from_mask(chunk_mask, before.sum(axis=1))
@@ -128,6 +133,16 @@ def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, o
 
     entropy, logp = jax.lax.scan(step, jnp.zeros((num_rows, width), jnp.float32), jnp.arange(columns.shape[1]))
     return jnp.moveaxis(logp, 0, 1), (entropy if want_entropy else None)
+
+
+def _rows_up_to(a: jax.Array, rows: jax.Array, width: int) -> jax.Array:
+    """a[:, rows, :, :width] of cache keys/values [layers, R, kv_heads, L, head_dim] in one
+    gather: slicing the whole cache to the width first would copy all of it."""
+    layers, _, kv_heads, _, head_dim = a.shape
+    numbers = jax.lax.GatherDimensionNumbers(offset_dims=(0, 2, 3, 4), collapsed_slice_dims=(1,),
+                                             start_index_map=(1,))
+    return jax.lax.gather(a, rows[:, None], numbers, (layers, 1, kv_heads, width, head_dim),
+                          mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
 def mean_and_sum(logp: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -25,6 +25,7 @@ from flax import nnx, struct
 from ragen_jax.models.head import chunked_logprobs
 
 FSDP, TENSOR = "fsdp", "tensor"
+ROWS = ("data", FSDP)  # the mesh axes a batch's rows are split over
 _NEG_INF = -1e30
 ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
 PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see Qwen2.__call__)
@@ -452,6 +453,30 @@ def map_row_blocks(fn, block: int, *arrays: jax.Array):
     return jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:])[:o.shape[1] // chunk * rows], out)
 
 
+def row_shards() -> int:
+    """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
+    without one, and inside a `shard_map`, where each device already holds its own rows)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(ROWS) <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[ROWS[0]] * mesh.shape[ROWS[1]]
+
+
+def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
+    """x split over the mesh's data×fsdp axes along `axis` (its rows) when traced under a mesh
+    (`jax.set_mesh`, as the train step is) whose row shards divide them; else x as it is.
+    Without it GSPMD may follow the embedding's sharding (hidden dimension over fsdp) and keep
+    every row of a layer's activations on every device, summing partial products instead."""
+    shards = row_shards()
+    if shards == 1 or x.shape[axis] % shards:
+        return x
+    spec = [None] * x.ndim
+    spec[axis] = ROWS
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+
+
 def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:
     """x[b, idx[b]] for x [B, T, ...], keeping a time axis of 1."""
     return jnp.take_along_axis(x, idx.reshape(-1, *(1,) * (x.ndim - 1)), axis=1)
@@ -583,7 +608,7 @@ class Qwen2(nnx.Module):
         attn_mask = (key_slot[None, :] <= query_slot[:, None])[None] & key_valid[:, None, :]
 
         def run(block, h, cache, layer, query, fused):
-            return block(h, cos, sin, attn_mask, cache, layer, offset, query, query_block, fused)
+            return block(constrain_rows(h), cos, sin, attn_mask, cache, layer, offset, query, query_block, fused)
 
         policy = REMAT_POLICIES[cfg.remat_policy]
         if cfg.scan_layers:  # one block's program, run over the stacked weights

@@ -199,6 +199,18 @@ def test_a_data_mesh_scores_rows_per_device_with_the_same_metrics(traj, copy_mod
         assert float(value) == pytest.approx(want[name], rel=1e-4, abs=1e-5), name
 
 
+def test_scoring_a_few_samples_at_a_time_gives_the_same_metrics(traj, copy_model, results):
+    """`score_rows` (3: not a divisor of any set's rows, so the last block is padded) scores
+    the samples in blocks: the metrics of scoring them all at once, up to float rounding."""
+    _, want, _, (state, _, _), _ = results
+    blocked = dataclasses.replace(CONFIG, score_rows=3)
+    run = jax.jit(diagnose, static_argnames=("config", "group_size"))
+    got, _ = run(copy_model, traj, jax.random.key(1), blocked, state, group_size=SIZE)
+    assert set(got) == set(want)
+    for name, value in got.items():
+        assert float(value) == pytest.approx(want[name], rel=1e-4, abs=1e-5), name
+
+
 def test_switches_drop_their_metrics(traj, template_model):
     config = dataclasses.replace(CONFIG, per_turn=False, action_grounding=False)
     shapes, _ = jax.eval_shape(lambda m, t: diagnose(m, t, jax.random.key(0), config, DiagnosticsState.create(),
@@ -208,7 +220,8 @@ def test_switches_drop_their_metrics(traj, template_model):
 
 
 @pytest.mark.parametrize("field, value", [("compute_freq", 0), ("num_samples", -1), ("per_turn_samples", 1.5),
-                                          ("answer_tokens", 0), ("prefill_rows", 0), ("per_turn", 1),
+                                          ("answer_tokens", 0), ("prefill_rows", 0), ("score_rows", -1),
+                                          ("score_rows", 2.0), ("per_turn", 1),
                                           ("action_grounding", "yes"), ("alarm_drop", 0.0), ("alarm_drop", 1.5),
                                           ("alarm_entropy_tolerance", -0.1),
                                           ("alarm_entropy_tolerance", float("nan")), ("alarm_below", -1.0),

@@ -181,3 +181,18 @@ def test_bf16_compute_is_close_to_f32(hf_models, batch):
     f32 = ours_logits(hf.load_pretrained(path), *batch)
     bf16 = ours_logits(hf.load_pretrained(path, dtype="bfloat16", param_dtype="bfloat16"), *batch)
     assert np.abs(f32 - bf16)[batch[1]].max() < 0.1
+
+
+def test_a_compute_dtype_copy_gives_the_same_numbers(hf_models, batch):
+    """`in_compute_dtype` (what the rollout, diagnostics and validation run on): weights stored
+    in bfloat16 once instead of cast at every use — bitwise the same logits, bfloat16 weights;
+    float32 compute keeps the model as it is."""
+    from ragen_jax.models.qwen2 import in_compute_dtype
+
+    model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")
+    cast = in_compute_dtype(model)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(cast))} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_array_equal(ours_logits(cast, *batch), ours_logits(model, *batch))
+    f32 = hf.load_pretrained(hf_models["tied"][1])
+    assert in_compute_dtype(f32) is f32

@@ -1,5 +1,6 @@
 """The planner on the real Qwen2.5-0.5B shapes over 8 fake CPU devices (tests/conftest.py):
-nothing is allocated, one micro-batch's forward+backward is compiled on an FSDP mesh, and
+nothing is allocated, one micro-batch's forward+backward of the scanned model (the real-size
+configs scan their layers) is compiled on an FSDP mesh, and
 the per-device parameter bytes — sharded abstract state and compiled executable alike —
 agree with the analytic count. The rollout is cut to one short turn to keep the compile
 quick; the model's shapes are the real ones."""
@@ -54,11 +55,14 @@ def test_flops_and_activations_are_reported(result):
     assert "parameters" in plan.report(result)
 
 
-def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments():
-    """The whole-step path (`--no-step` not given), on the tiny model: its compiled arguments
-    are the sharded train state plus the text tables, nothing replicated by mistake."""
+@pytest.mark.parametrize("scan_layers", ["false", "true"])
+def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments(scan_layers):
+    """The whole-step path (`--no-step` not given), on the tiny model with its layers unrolled
+    and scanned: its compiled arguments are the sharded train state plus the text tables,
+    nothing replicated by mistake."""
     tiny = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_tiny.py")),
-                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": ""})
+                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": "",
+                                       "model.scan_layers": scan_layers})
     result = plan.plan(tiny, (2, 1, 1), compile_step=True, pieces=())
     state = sum(result.memory[k] for k in ("parameters", "optimiser", "critic", "critic optimiser"))
     assert state <= result.step["argument"] < state + 2**20  # + the codec's and prompt's tables

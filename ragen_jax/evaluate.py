@@ -34,7 +34,7 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
     from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories
     from ragen_jax.experiment import restore_run
-    from ragen_jax.models.qwen2 import in_compute_dtype
+    from ragen_jax.models.qwen2 import for_inference
 
     exp, step = restore_run(workdir, step)
     e = exp.config.eval
@@ -48,7 +48,7 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
                                   score_rows=exp.config.diagnostics.get("score_rows", 0))
     with sharding.tracing_on(exp.mesh):
         mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
-            in_compute_dtype(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
+            for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
             group_size=k, mesh=exp.mesh)
     metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
                     or k_ == "mi/reasoning_length_mean"})

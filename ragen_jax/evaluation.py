@@ -33,7 +33,7 @@ from flax import nnx
 from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import in_compute_dtype
+from ragen_jax.models.qwen2 import for_inference
 from ragen_jax.rollout import (Policy, RolloutConfig, RowPart, Trajectories, initial_states, model_policy,
                                rollout, rollout_on_mesh)
 from ragen_jax.text.codec import TextCodec
@@ -125,7 +125,7 @@ def _validate_compiled(params_state, codec, prompt, *, graph, env, env_params, e
                        mesh):
     """The compiled validation: jit's cache holds one executable per static setting (graph,
     env, env params, configs, mesh), shared by every `Validator` and `validate` call."""
-    model = in_compute_dtype(nnx.merge(graph, params_state))  # only run forward
+    model = for_inference(nnx.merge(graph, params_state))  # only run forward
     config = eval_config.rollout_config(train_rollout_config)
     return validation_rollout(lambda part: model_policy(model, codec, prompt, config, part), env, env_params,
                               codec, prompt, eval_config, train_rollout_config, mesh)

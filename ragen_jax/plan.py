@@ -405,6 +405,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     compute = jnp.dtype(cfg.dtype).itemsize
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * compute  # bytes per cached slot and row
     param_bytes = jnp.dtype(cfg.param_dtype).itemsize
+    head_params = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * cfg.hidden_size
     memory = {
         "parameters": _bytes(policy),
         "optimiser": _bytes(state.policy_opt),
@@ -419,8 +420,10 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         "critic optimiser": 2 * (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic else 0,
         "reference": cfg.num_params() * param_bytes / model_shards if algo.uses_reference else 0,
         "rollout KV cache": local_rows * layout.length * kv,
-        # the copy of the weights in the compute dtype the rollout and diagnostics run on (`in_compute_dtype`)
-        "inference weights": (cfg.num_params() * compute / model_shards if cfg.param_dtype != cfg.dtype else 0),
+        # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)
+        # (stored in the compute dtype: no copy; the embedding/head whole on every device)
+        "inference weights": ((cfg.num_params() / model_shards if cfg.param_dtype != cfg.dtype else 0)
+                              + head_params * (1 - 1 / model_shards)) * compute,
         "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
                                 if step_config.diagnostics is not None else 0),
         "cross-scoring working set": (cross_scoring_bytes(cfg, step_config.diagnostics, rcfg, layout)

@@ -27,7 +27,7 @@ from flax import nnx, struct
 from ragen_jax import sharding
 from ragen_jax.envs.base import Environment
 from ragen_jax.batch import Batch, batch_from_trajectories, critic_values, policy_logprobs
-from ragen_jax.models.qwen2 import Qwen2, in_compute_dtype
+from ragen_jax.models.qwen2 import Qwen2, for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
@@ -170,7 +170,7 @@ class Trainer:
         cfg = self.config
         key, k_rollout, k_update, k_diag = jax.random.split(state.key, 4)
         # the rollout and the diagnostics only run the policy forward: its weights in the compute dtype
-        policy = in_compute_dtype(nnx.merge(self.policy_graph, state.policy))
+        policy = for_inference(nnx.merge(self.policy_graph, state.policy))
 
         # 1. rollout
         traj = self.play_rollout(state.policy, k_rollout, codec, prompt)
@@ -190,7 +190,7 @@ class Trainer:
 
     def play_rollout(self, policy_state, key, codec, prompt) -> Trajectories:
         """The step's rollout on its mesh (`rollout_on_mesh`: per device on a data-only mesh)."""
-        policy, cfg = in_compute_dtype(nnx.merge(self.policy_graph, policy_state)), self.config.rollout
+        policy, cfg = for_inference(nnx.merge(self.policy_graph, policy_state)), self.config.rollout
         return rollout_on_mesh(
             lambda part, rows: rollout(key, model_policy(policy, codec, prompt, cfg, part), self.env,
                                        self.env_params, codec, prompt, cfg, shard_rows=rows, part=part),

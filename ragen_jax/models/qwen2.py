@@ -453,6 +453,17 @@ def map_row_blocks(fn, block: int, *arrays: jax.Array):
     return jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:])[:o.shape[1] // chunk * rows], out)
 
 
+def _model_shards() -> int:
+    """How many pieces the traced mesh (`jax.set_mesh`) splits the weights into (fsdp × tensor;
+    1 without a mesh and inside a `shard_map`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {FSDP, TENSOR} <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[FSDP] * mesh.shape[TENSOR]
+
+
 def row_shards() -> int:
     """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
     without one, and inside a `shard_map`, where each device already holds its own rows)."""
@@ -700,17 +711,24 @@ def unstack_layers(tree: dict, num_layers: int, take=lambda x, i: x[i]) -> dict:
     return {**tree, "layers": {i: jax.tree.map(lambda x: take(x, i), tree["layers"]) for i in range(num_layers)}}
 
 
-def in_compute_dtype(model: Qwen2) -> Qwen2:
-    """The model with its weights cast to its compute dtype, for programs that only run it
-    forward (rollout, diagnostics, validation): one copy made up front instead of a cast at
-    every use inside their loops. The same numbers, since every use casts its weight to the
-    compute dtype; the model itself when its weights are stored in that dtype."""
-    if model.cfg.param_dtype == model.cfg.dtype:
-        return model
-    dtype = jnp.dtype(model.cfg.dtype)
+def for_inference(model: Qwen2) -> Qwen2:
+    """The model as the programs that only run it forward (rollout, diagnostics, validation) use
+    it: weights cast to the compute dtype once up front instead of at every use inside their
+    loops (the same numbers: every use casts its weight to the compute dtype), and, traced
+    under a mesh that splits the model, the embedding/LM head whole on every device: every
+    decode step reads all of it, and gathering it inside each turn's decode loop left one
+    gathered copy per turn."""
     graph, state = nnx.split(model)
-    return nnx.merge(graph, jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                                         state))
+    if model.cfg.param_dtype != model.cfg.dtype:
+        dtype = jnp.dtype(model.cfg.dtype)
+        state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    model = nnx.merge(graph, state)
+    if _model_shards() > 1:
+        whole = lambda v: jax.lax.with_sharding_constraint(v, jax.sharding.PartitionSpec())
+        model.embed_tokens.set_value(whole(model.embed_tokens[...]))
+        if model.lm_head is not None:
+            model.lm_head.set_value(whole(model.lm_head[...]))
+    return model
 
 
 def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:

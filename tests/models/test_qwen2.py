@@ -183,16 +183,31 @@ def test_bf16_compute_is_close_to_f32(hf_models, batch):
     assert np.abs(f32 - bf16)[batch[1]].max() < 0.1
 
 
-def test_a_compute_dtype_copy_gives_the_same_numbers(hf_models, batch):
-    """`in_compute_dtype` (what the rollout, diagnostics and validation run on): weights stored
-    in bfloat16 once instead of cast at every use — bitwise the same logits, bfloat16 weights;
-    float32 compute keeps the model as it is."""
-    from ragen_jax.models.qwen2 import in_compute_dtype
+def test_the_inference_copy_gives_the_same_numbers(hf_models, batch):
+    """`for_inference` (what the rollout, diagnostics and validation run on): weights stored in
+    bfloat16 once instead of cast at every use — bitwise the same logits; float32 compute keeps
+    the weights as they are; under a mesh that splits the model the embedding/head is whole on
+    every device and the rest stays split."""
+    from ragen_jax import sharding
+    from ragen_jax.models.qwen2 import for_inference
 
     model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")
-    cast = in_compute_dtype(model)
+    cast = for_inference(model)
     assert {x.dtype for x in jax.tree.leaves(nnx.state(cast))} == {jnp.dtype(jnp.bfloat16)}
     assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.float32)}
     np.testing.assert_array_equal(ours_logits(cast, *batch), ours_logits(model, *batch))
     f32 = hf.load_pretrained(hf_models["tied"][1])
-    assert in_compute_dtype(f32) is f32
+    for a, b in zip(jax.tree.leaves(nnx.state(for_inference(f32))), jax.tree.leaves(nnx.state(f32))):
+        assert a is b
+
+    mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
+    sharded = hf.load_pretrained(hf_models["untied"][1], mesh)
+    graph, state = nnx.split(sharded)
+
+    def placements(state):
+        m = for_inference(nnx.merge(graph, state))
+        return m.lm_head[...] * 1, m.layers[0].mlp.up_proj.kernel[...] * 1
+
+    with sharding.tracing_on(mesh):
+        head, kernel = jax.jit(placements)(state)
+    assert head.sharding.is_fully_replicated and not kernel.sharding.is_fully_replicated

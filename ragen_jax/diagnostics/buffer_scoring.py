@@ -83,6 +83,7 @@ def score_continuations(
     cont_mask: jax.Array,
     own_column: jax.Array | None = None,
     scoring: Scoring = Scoring(),
+    shared_columns: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(cont[i, t] | prompt of column c, cont[i, <t]) for every row i and column slot c.
 
@@ -92,18 +93,20 @@ def score_continuations(
     left-aligned continuations (holes only after the last valid token).
     Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
     the full-distribution entropy [M, W] at each row's own column (else None), placed and
-    blocked as `scoring` says.
+    blocked as `scoring` says. `shared_columns` (static): every row's column c is the same cache
+    row and end (a cross product), so each column step reads that one row's keys for all rows
+    (a `KVCache.shared` cache) instead of a copy per row.
     """
     split = (columns, ends, cont, cont_mask) + (() if own_column is None else (own_column,))
 
     def score(model, cache, tokens, *rows):
-        one_block = lambda *block: _score(model, cache, tokens, prompt_width, *block)
+        one_block = lambda *block: _score(model, cache, tokens, prompt_width, shared_columns, *block)
         return map_row_blocks(one_block, scoring.block_rows, *rows)
 
     return sharding.per_device_rows(score, scoring.mesh, (model, cache, tokens), split)
 
 
-def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, own_column=None):
+def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, cont, cont_mask, own_column=None):
     num_rows, width = cont.shape
     cont_mask = cont_mask.astype(bool)
     prompt_valid = cache.mask[:, :prompt_width]
@@ -118,8 +121,13 @@ def _score(model, cache, tokens, prompt_width, columns, ends, cont, cont_mask, o
         last = jnp.max(jnp.where(valid, slots, -1), axis=1)  # the prompt's last token (-1: empty)
         last_id = prompt_ids[rows, jnp.maximum(last, 0)]
         before = valid & (slots < last[:, None])  # the cached prefix; the last token is re-fed
-        gather = lambda a: jnp.pad(_rows_up_to(a, rows, prompt_width), grow)
-        column = KVCache(gather(cache.k), gather(cache.v), jnp.pad(before, ((0, 0), (0, width + 1))))
+        mask = jnp.pad(before, ((0, 0), (0, width + 1)))
+        if shared_columns and num_rows > 1:  # one cache row, read by every row
+            column = KVCache(_rows_up_to(cache.k, rows[:1], prompt_width), _rows_up_to(cache.v, rows[:1], prompt_width),
+                             mask)
+        else:
+            gather = lambda a: jnp.pad(_rows_up_to(a, rows, prompt_width), grow)
+            column = KVCache(gather(cache.k), gather(cache.v), mask)
         chunk = jnp.concatenate([last_id[:, None], cont], axis=1)
         chunk_mask = jnp.concatenate([(last >= 0)[:, None], cont_mask], axis=1)
         positions = positions_from_mask(chunk_mask, before.sum(axis=1))

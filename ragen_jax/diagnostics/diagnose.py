@@ -114,7 +114,7 @@ def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False
     columns = jnp.broadcast_to(pairs.column_rows[None, :], (m, n))
     return buffer_scoring.score_continuations(
         model, cache, tokens, pairs.prompt_width, columns, jnp.broadcast_to(ends[None, :], (m, n)), cont, cont_mask,
-        own_column=pairs.true_column if own else None, scoring=scoring)
+        own_column=pairs.true_column if own else None, scoring=scoring, shared_columns=True)
 
 
 def _thinking_rate(pairs):

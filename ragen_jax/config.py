@@ -138,14 +138,15 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
 def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
     """The paper's setting (SPEC §3–§4) for a local Qwen2.5 checkpoint (`model.path`, required):
     8 groups × 16, 5 turns of up to 120 tokens, PPO (lr 1e-6 / 1e-5), Top-p 0.9, bfloat16
-    compute with rematerialisation. `fsdp`: shard the model over all devices (3B and up, with
-    micro-batches of 8) instead of replicating it (data parallelism, micro-batches of 16)."""
+    compute with rematerialisation of each scanned layer, log-probs over the vocabulary in
+    chunks, diagnostics scored 16 samples at a time, micro-batches of 8 rows. `fsdp`: shard the
+    model over all devices (3B and up) instead of replicating it (data parallelism)."""
     c = default_config()
     c.env.name = env_name
     c.model.update(preset="", path="", dtype="bfloat16", remat=True, scan_layers=True, vocab_chunk=16384)
     c.diagnostics.score_rows = 16
     c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
-    c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8 if fsdp else 16)
+    c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8)
     c.mesh.update(data=1 if fsdp else -1, fsdp=-1 if fsdp else 1, tensor=1)
     c.train.update(steps=400, save_every=25, val_every=10)
     c.eval.update(num_envs=64)

@@ -444,7 +444,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         xla_flops.update(piece["flops"])
     step = None
     if compile_step:
-        log(f"compiling the whole train step on {need} devices (≈20 min for Qwen2.5-0.5B on 2 CPU cores; "
+        log(f"compiling the whole train step on {need} devices (≈2 min for Qwen2.5-0.5B or 3B on 2 CPU cores; "
             "--no-step skips it) ...")
         shardings = jax.tree.map(lambda x: x.sharding, state)
         started = time.perf_counter()

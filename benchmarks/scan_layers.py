@@ -1,0 +1,78 @@
+"""Layers unrolled or scanned (`model.scan_layers`) on this machine: compile seconds and seconds
+per train step of a config, both layouts in one process, and their ratio.
+
+    python benchmarks/scan_layers.py [--config configs/sokoban_tiny.py] [--steps 4] [--set KEY=VALUE ...]
+
+Each layout compiles the whole train step ahead of time, runs the first step (it also runs the
+diagnostics), then `--steps` more, timed one by one (the median is printed). The same seed
+gives the same rollouts in both, up to float rounding. On a CPU run it on a quiet machine and
+compare the ratio, not the seconds across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def measure(config, steps: int) -> dict:
+    import jax
+
+    from ragen_jax import sharding
+    from ragen_jax.experiment import make_experiment
+
+    exp = make_experiment(config)
+    trainer = exp.trainer()
+    state = trainer.init_state(jax.random.key(config.seed), exp.model)
+    with sharding.tracing_on(exp.mesh):
+        started = time.perf_counter()
+        compiled = jax.jit(trainer._step, donate_argnums=0).lower(state, exp.codec, exp.prompt).compile()
+        compile_s = time.perf_counter() - started
+        times = []
+        for _ in range(steps + 1):
+            started = time.perf_counter()
+            state, metrics = compiled(state, exp.codec, exp.prompt)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - started)
+    return {"compile": compile_s, "first": times[0], "step": statistics.median(times[1:]),
+            "success": float(metrics["rollout/success"])}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "sokoban_tiny.py"))
+    parser.add_argument("--steps", type=int, default=4, help="timed steps after the first (default 4)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} must be >= 1")
+
+    import reproduce
+
+    from ragen_jax import config as config_lib
+
+    overrides = reproduce.set_overrides(args.set, parser.error)
+    results = {}
+    for layout, scan in (("unrolled", "false"), ("scanned", "true")):
+        try:
+            config = config_lib.apply_overrides(config_lib.load_config_file(args.config),
+                                                {**overrides, "model.scan_layers": scan})
+            results[layout] = measure(config, args.steps)
+        except (config_lib.ConfigError, ValueError) as err:
+            parser.error(str(err).splitlines()[0])
+    print(f"{'layers':10s} {'compile s':>10s} {'first step s':>13s} {'step s':>8s}")
+    for layout, r in results.items():
+        print(f"{layout:10s} {r['compile']:10.1f} {r['first']:13.2f} {r['step']:8.3f}")
+    u, s = results["unrolled"], results["scanned"]
+    print(f"scanned / unrolled: compile {s['compile'] / u['compile']:.2f}x, step {s['step'] / u['step']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

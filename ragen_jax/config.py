@@ -328,6 +328,10 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     enabled = d.pop("enabled")
     d.pop("stop_on_alarm")
     diagnostics = _wrap("diagnostics", lambda: DiagnosticsConfig(**d)) if enabled else None
+    t = config.train  # before the step config, whose learning-rate schedule reads train.steps
+    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
+        if t[key] < (0 if key in ("val_every",) else 1):
+            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
     step = _wrap("", lambda: StepConfig(rollout=rollout, filter=filt, algo=algo, diagnostics=diagnostics,
                                               grad_buckets=config.grad_buckets, total_steps=config.train.steps))
 
@@ -346,10 +350,6 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     problem = rows_indivisible(rollout.batch, algo.mini_batch_size, data * fsdp)
     if problem:
         raise ConfigError(problem)
-    t = config.train
-    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
-        if t[key] < (0 if key in ("val_every",) else 1):
-            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
     e = config.eval
     if e.num_envs < 1 or e.samples_per_env < 1 or e.temperature < 0:
         raise ConfigError(f"eval.num_envs={e.num_envs}, eval.samples_per_env={e.samples_per_env} must be >= 1 "

@@ -153,6 +153,7 @@ def one_error_line(capsys, code, expected_code=2):
     (["--config", CONFIG, "--config.rollout.shared_env_noise=sometimes"],
      "--config.rollout.shared_env_noise='sometimes': expected true or false"),
     (["--config", CONFIG, "--config.filter.rho=-1"], "filter.rho=-1.0 must be >= 0"),
+    (["--config", CONFIG, "--config.train.steps=-3"], "train.steps=-3 must be >= 1"),
     (["--config", CONFIG, "--config.rollout.action_top_k=-1"], "rollout.action_top_k=-1 must be >= 0"),
     (["--config", CONFIG, "--config.rollout.action_temperature=-0.5"],
      "rollout.action_temperature=-0.5 must be >= 0 (0: greedy actions) or -1 (the rollout temperature)"),

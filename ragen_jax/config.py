@@ -34,7 +34,8 @@ from ragen_jax.train_step import StepConfig
 PRESET = ""  # algo.advantage / algo.aggregation: "" means "the algorithm preset's"
 # Keys that may change between a run and its resumption (they do not change the numbers).
 RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
-                  "logging.tensorboard", "logging.wandb", "logging.wandb_project", "logging.progress")
+                  "train.skip_damaged", "logging.tensorboard", "logging.wandb", "logging.wandb_project",
+                  "logging.progress")
 
 
 class ConfigError(ValueError):
@@ -87,6 +88,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
     c.train = ml_collections.ConfigDict(dict(
         steps=200, log_every=1, save_every=20, keep_checkpoints=3, val_every=10, resume=True,
+        skip_damaged=True,  # resume from the newest checkpoint that restores (false: stop at a damaged one)
     ))
     c.eval = ml_collections.ConfigDict(dict(num_envs=32, samples_per_env=1, temperature=0.5, seed=1234))
     c.early_stop = ml_collections.ConfigDict(dict(

@@ -34,7 +34,8 @@ from ragen_jax.train_step import StepConfig
 PRESET = ""  # algo.advantage / algo.aggregation: "" means "the algorithm preset's"
 # Keys that may change between a run and its resumption (they do not change the numbers).
 RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
-                  "logging.tensorboard", "logging.wandb", "logging.wandb_project", "logging.progress")
+                  "train.skip_damaged", "logging.tensorboard", "logging.wandb", "logging.wandb_project",
+                  "logging.progress")
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
     c.train = ml_collections.ConfigDict(dict(
         steps=200, log_every=1, save_every=20, keep_checkpoints=3, val_every=10, resume=True,
+        skip_damaged=True,  # resume from the newest checkpoint that restores (false: stop at a damaged one)
     ))
     c.eval = ml_collections.ConfigDict(dict(num_envs=32, samples_per_env=1, temperature=0.5, seed=1234))
     c.early_stop = ml_collections.ConfigDict(dict(
@@ -346,6 +348,10 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     enabled = d.pop("enabled")
     d.pop("stop_on_alarm")
     diagnostics = _wrap("diagnostics", lambda: DiagnosticsConfig(**d)) if enabled else None
+    t = config.train  # before the step config, whose learning-rate schedule reads train.steps
+    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
+        if t[key] < (0 if key in ("val_every",) else 1):
+            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
     step = _wrap("", lambda: StepConfig(rollout=rollout, filter=filt, algo=algo, diagnostics=diagnostics,
                                               grad_buckets=config.grad_buckets, total_steps=config.train.steps))
 
@@ -364,10 +370,6 @@ def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
     problem = rows_indivisible(rollout.batch, algo.mini_batch_size, data * fsdp)
     if problem:
         raise ConfigError(problem)
-    t = config.train
-    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
-        if t[key] < (0 if key in ("val_every",) else 1):
-            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
     e = config.eval
     if e.num_envs < 1 or e.samples_per_env < 1 or e.temperature < 0:
         raise ConfigError(f"eval.num_envs={e.num_envs}, eval.samples_per_env={e.samples_per_env} must be >= 1 "

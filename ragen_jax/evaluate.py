@@ -4,7 +4,9 @@ Restores a training run's policy (parameters only) from its latest checkpoint or
 runs validation rollouts on fixed seeds at the configured temperature (SPEC §3: 0.5), and
 prints a table. Writes DIR/eval_<step>.json (success, return, valid-action rate, pass@k and
 the MI diagnostics of the validation rollouts) and DIR/eval_<step>_trajectories.txt (a few
-trajectories as readable text).
+trajectories as readable text). A workdir it cannot write is refused before anything is
+played; a damaged latest checkpoint is named and the newest one that restores is evaluated
+(a damaged `--step N` is an error); the table is printed before the files are written.
 
 Like `train`, it runs under several processes on one mesh (`--coordinator/--num-processes/
 --process-id`, or auto-detected on TPU pods and SLURM): every process restores its shards and
@@ -27,15 +29,28 @@ from flax import nnx
 from ragen_jax import compile_cache, distributed, host_devices, reasoning_check, sharding
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
-from ragen_jax.files import write_atomically
+from ragen_jax.files import check_writable_dir, describe, write_atomically
 
 
 def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int | None, show: int = 4) -> dict:
+    """Play, score and write DIR/eval_<step>.json and its trajectories; returns the result."""
+    result, text = play(workdir, step, episodes, samples, show)
+    if distributed.is_lead():
+        write_results(workdir, result, text)
+    return result
+
+
+def play(workdir: Path, step: int | None, episodes: int | None, samples: int | None,
+         show: int = 4) -> tuple[dict, str]:
+    """The evaluation's result and a few trajectories as text (on process 0; "" elsewhere).
+    Refuses a workdir it could not write its results to before playing anything."""
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
     from ragen_jax.evaluation import EvalConfig, Validator, render_trajectories
     from ragen_jax.experiment import restore_run
     from ragen_jax.models.qwen2 import for_inference
 
+    if workdir.is_dir() and distributed.is_lead():
+        check_writable_dir(workdir, "--workdir")
     exp, step = restore_run(workdir, step)
     e = exp.config.eval
     eval_config = EvalConfig(num_envs=episodes or e.num_envs, samples_per_env=samples or e.samples_per_env,
@@ -57,11 +72,14 @@ def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int
     result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
     if not distributed.is_lead():
-        return result
+        return result, ""
+    return result, render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
+
+
+def write_results(workdir: Path, result: dict, trajectories: str) -> None:
+    step = result["step"]
     write_atomically(workdir / f"eval_{step}.json", json.dumps(result, indent=2))
-    text = render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
-    write_atomically(workdir / f"eval_{step}_trajectories.txt", text)
-    return result
+    write_atomically(workdir / f"eval_{step}_trajectories.txt", trajectories)
 
 
 def split_host(workdir: Path, episodes: int | None, samples: int | None) -> int | None:
@@ -114,13 +132,18 @@ def main(argv=None) -> int:
     try:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
         compile_cache.enable()
-        result = evaluate(Path(args.workdir), args.step, args.episodes, args.samples)
+        result, trajectories = play(Path(args.workdir), args.step, args.episodes, args.samples)
     except (ConfigError, CheckpointError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     if not distributed.is_lead():
         return 0
-    print(table(result))
+    print(table(result), flush=True)  # before any write that could fail: the results are never lost
+    try:
+        write_results(Path(args.workdir), result, trajectories)
+    except OSError as err:
+        print(f"error: the results above were not saved: {describe(err)}", file=sys.stderr)
+        return 1
     print(f"wrote {Path(args.workdir) / ('eval_%d.json' % result['step'])}")
     return 0
 

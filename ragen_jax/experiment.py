@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 
-from ragen_jax import sharding
+from ragen_jax import distributed, sharding
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError, RunConfig, build, model_options
 from ragen_jax.envs import registry
@@ -88,11 +89,9 @@ def load_initial_weights(model: Qwen2, init: str) -> None:
 
     path = resolve_init(init)
     if (path / "checkpoints").is_dir():
-        checkpoints = Checkpoints(path, read_only=True)
-        step = checkpoints.latest_step()
-        if step is None:
-            raise CheckpointError(f"model.init={init!r} has no checkpoint under {checkpoints.directory}")
-        nnx.update(model, checkpoints.restore_policy(step, nnx.state(model)))
+        if not restorable_steps(path):
+            raise CheckpointError(f"model.init={init!r} has no checkpoint under {path / 'checkpoints'}")
+        nnx.update(model, restore_policy(path, None, nnx.state(model))[1])
         return
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints nor a Hugging Face "
@@ -145,11 +144,12 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
         config = ml_collections.ConfigDict(json.loads(saved.read_text()))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{saved} is not valid JSON ({err})") from None
-    checkpoints = Checkpoints(workdir, read_only=True)
-    if step is None:
-        step = checkpoints.latest_step()
-        if step is None:
-            raise CheckpointError(f"{workdir} has no checkpoint (expected {checkpoints.directory}/<step>)")
+    steps = restorable_steps(workdir)
+    if not steps:
+        raise CheckpointError(f"{workdir} has no checkpoint (expected {workdir.absolute()}/checkpoints/<step>)")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"no checkpoint for step {step} in {workdir.absolute() / 'checkpoints'} "
+                              f"(available: {', '.join(map(str, steps))})")
     devices = list(devices if devices is not None else jax.devices())
     try:
         build(config, len(devices))
@@ -157,5 +157,33 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
         config.mesh.update(data=-1, fsdp=1, tensor=1)
     config.model.init = ""  # the checkpoint replaces the initial weights
     exp = make_experiment(config, devices)
-    nnx.update(exp.model, checkpoints.restore_policy(step, nnx.state(exp.model)))
+    step, policy = restore_policy(workdir, step, nnx.state(exp.model))
+    nnx.update(exp.model, policy)
     return exp, step
+
+
+def restorable_steps(workdir) -> list[int]:
+    """The steps of a workdir's checkpoints (none when it has no checkpoints directory)."""
+    if not (Path(workdir) / "checkpoints").is_dir():
+        return []
+    checkpoints = Checkpoints(workdir, read_only=True)
+    try:
+        return checkpoints.steps()
+    finally:
+        checkpoints.close()
+
+
+def restore_policy(workdir, step: int | None, like) -> tuple[int, Any]:
+    """(step, policy parameters) of checkpoint `step`, or with None of the newest one that
+    restores: each newer one that does not is named in a warning line on stderr."""
+    checkpoints = Checkpoints(workdir, read_only=True)
+    try:
+        if step is not None:
+            return step, checkpoints.restore_policy(step, like)
+        step, policy, damaged = checkpoints.restore_newest(lambda s: checkpoints.restore_policy(s, like))
+    finally:
+        checkpoints.close()
+    for bad, err in damaged:
+        if distributed.is_lead():
+            print(f"warning: {err}; using step {step}, the newest checkpoint that restores", file=sys.stderr)
+    return step, policy

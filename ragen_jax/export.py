@@ -2,8 +2,10 @@
 
 Writes a training run's policy (latest checkpoint, or step N) as a Hugging Face checkpoint —
 config.json, safetensors and the tokenizer — that `transformers` loads and generates with.
-The output directory must be new or empty; files are written under temporary names and
-renamed into place, so an interrupted export leaves nothing that looks loadable.
+The output directory must be new or empty, and writable (checked before the checkpoint is
+read); files are written under temporary names and renamed into place, so an interrupted
+export leaves nothing that looks loadable, and a failed one (a full disk) removes what it
+wrote. A damaged latest checkpoint is named and the newest one that restores is exported.
 
 Under several processes (`--coordinator/--num-processes/--process-id`, or auto-detected)
 every process restores its shards and takes part in gathering each tensor; process 0 writes.
@@ -12,12 +14,16 @@ every process restores its shards and takes part in gathering each tensor; proce
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from ragen_jax import distributed
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
+from ragen_jax.files import check_writable_dir, describe
 
 
 def export(workdir: Path, out: Path, step: int | None = None, dtype: str | None = None) -> int:
@@ -26,8 +32,18 @@ def export(workdir: Path, out: Path, step: int | None = None, dtype: str | None 
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty directory; choose a new one")
+    if distributed.is_lead():
+        check_writable_dir(out, "--out")
     exp, step = restore_run(workdir, step)
-    hf.save_pretrained(exp.model, out, dtype=dtype, tokenizer=exp.tokenizer)
+    created = not out.exists()
+    try:
+        hf.save_pretrained(exp.model, out, dtype=dtype, tokenizer=exp.tokenizer)
+    except (OSError, SafetensorError) as err:  # e.g. a full disk: --out is left as it was, absent or empty
+        if distributed.is_lead() and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+            if not created:
+                out.mkdir()
+        raise OSError(f"nothing exported to {out}: {describe(err)}") from None
     return step
 
 
@@ -46,6 +62,9 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    except OSError as err:
+        print(f"error: {describe(err)}", file=sys.stderr)
+        return 1
     if not distributed.is_lead():
         return 0
     print(f"exported step {step} of {args.workdir} to {args.out}")

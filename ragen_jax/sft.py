@@ -47,7 +47,7 @@ from ragen_jax import compile_cache
 from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
-from ragen_jax.files import write_atomically
+from ragen_jax.files import check_writable_dir, describe, write_atomically
 from ragen_jax.rollout import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
 
 NOISE = 0.1
@@ -265,6 +265,7 @@ def main(argv=None) -> int:
         if exp.env.answer_kind != "actions":
             raise ConfigError(f"env.name={config.env.name!r}: solver demonstrations exist for the board games only "
                               f"(SimpleSokoban, LargerSokoban, FrozenLake)")
+        check_writable_dir(workdir, "--workdir")
         if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
             raise ConfigError(f"workdir {workdir} already has checkpoints; use a new --workdir")
     except (ConfigError, CheckpointError, ValueError) as err:
@@ -279,17 +280,23 @@ def main(argv=None) -> int:
                                      temperature=e.temperature, seed=e.seed), exp.run.step.rollout)
     metrics, _ = validator(nnx.state(exp.model))
     log(f"validation after SFT: success {metrics['success']:.3f}, valid actions {metrics['valid_action_rate']:.3f}")
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_atomically(workdir / "config.json", config.to_json(indent=2, sort_keys=True))
-    checkpoints = Checkpoints(workdir, keep=1)
     state = TrainState(step=jnp.int32(0), key=jax.random.key(0), policy=nnx.state(exp.model), policy_opt=None,
                        critic=None, critic_opt=None, reference=None, empty_streak=jnp.int32(0), diagnostics=None)
-    checkpoints.save(state, force=True)
-    checkpoints.close()
-    if extra.export:
-        from ragen_jax.models import hf
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_atomically(workdir / "config.json", config.to_json(indent=2, sort_keys=True))
+        checkpoints = Checkpoints(workdir, keep=1)
+        try:
+            checkpoints.save(state, force=True)
+        finally:
+            checkpoints.close()
+        if extra.export:
+            from ragen_jax.models import hf
 
-        hf.save_pretrained(exp.model, extra.export, tokenizer=exp.tokenizer)
+            hf.save_pretrained(exp.model, extra.export, tokenizer=exp.tokenizer)
+    except OSError as err:  # a full disk (CheckpointWriteError is one too)
+        print(f"error: {describe(err)}", file=sys.stderr)
+        return 1
     log(f"wrote {workdir}/checkpoints/0" + (f" and {extra.export}" if extra.export else ""))
     return 0
 

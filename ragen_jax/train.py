@@ -6,7 +6,13 @@ The host loop around the compiled train step: it only logs, validates, checkpoin
 decides when to stop. Running the same command on a workdir that has checkpoints resumes from
 the latest one and continues exactly (the PRNG key is part of the saved state; lines of
 metrics.jsonl written after that checkpoint are dropped and recomputed). SIGTERM (preemption)
-finishes the current step, writes a checkpoint and exits with code 143.
+finishes the current step, writes a checkpoint and exits with code 143. A damaged latest
+checkpoint (a file truncated, zeroed, deleted or changed, as preempted machines leave them) is
+named in one line and moved to DIR/damaged_checkpoints/<step>, and the run resumes from the
+newest one that restores (`--config.train.skip_damaged=false`: stop instead). Every error is
+one line: exit code 2 for bad input (config, workdir, checkpoints), checked before any work;
+1 for a write that fails during the run (a full disk), which stops it with the checkpoints
+written before intact.
 
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
 prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
@@ -36,9 +42,9 @@ from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
-from ragen_jax.files import write_atomically
+from ragen_jax.files import check_writable_dir, describe, write_atomically
 
-EXIT_USAGE, EXIT_PREEMPTED = 2, 143
+EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 1, 2, 143
 # Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
 _KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
 
@@ -67,7 +73,9 @@ def load_config(path: str, overrides: dict):
 
 
 def check_workdir(workdir: Path, config) -> None:
-    """Refuse a workdir made by a different config (when resuming). Writes nothing."""
+    """Refuse a workdir that is not a writable directory, or one made by a different config
+    (when resuming). Writes nothing."""
+    check_writable_dir(workdir, "--workdir")
     saved_path = workdir / "config.json"
     has_checkpoints = (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir())
     if saved_path.is_file():
@@ -205,23 +213,50 @@ def progress_line(m: dict, last_mi: float) -> dict:
 
 
 def train(config, workdir: Path, devices=None) -> int:
-    from ragen_jax.evaluation import EvalConfig, Validator
     from ragen_jax.experiment import make_experiment
 
     config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
     check_workdir(workdir, config)
     exp = make_experiment(config, devices)  # loads the model: bad paths fail before any write
     lead = distributed.is_lead()  # process 0 writes config, logs and messages
-    if lead:
-        write_config(workdir, config)
     trainer = exp.trainer()
     checkpoints = Checkpoints(workdir, keep=config.train.keep_checkpoints)
-    state = trainer.init_state(jax.random.key(config.seed), exp.model)
-    start = checkpoints.latest_step() if config.train.resume else None
-    if start:
-        state = checkpoints.restore(start, state)
-        print(f"resuming {workdir} from step {start}", file=sys.stderr)
-    start = start or 0
+    try:
+        state = trainer.init_state(jax.random.key(config.seed), exp.model)
+        start = 0
+        if config.train.resume and checkpoints.steps():
+            start, state = resume(checkpoints, state, config.train.skip_damaged)
+            if lead:
+                print(f"resuming {workdir} from step {start}", file=sys.stderr)
+        if lead:  # after the restore: a refused resume leaves the workdir as it was
+            write_config(workdir, config)
+        return _loop(config, workdir, exp, trainer, checkpoints, state, start)
+    finally:
+        checkpoints.close()  # also after an error: orbax's threads must not outlive the run
+
+
+def resume(checkpoints: Checkpoints, state, skip_damaged: bool):
+    """(step, state) of the newest checkpoint that restores. Newer ones that do not are damaged
+    (an older one of the same run restores): each is named in one line and moved aside. With
+    `skip_damaged` false the newest must restore."""
+    if not skip_damaged:
+        step = checkpoints.latest_step()
+        try:
+            return step, checkpoints.restore(step, state)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err} (train.skip_damaged=false: not resuming from an older checkpoint)") from None
+    step, state, damaged = checkpoints.restore_newest(lambda s: checkpoints.restore(s, state))
+    for bad, err in damaged:
+        moved = checkpoints.set_aside(bad)
+        if distributed.is_lead():
+            print(f"warning: {err}; moved it to {moved}", file=sys.stderr)
+    return step, state
+
+
+def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, start: int) -> int:
+    from ragen_jax.evaluation import EvalConfig, Validator
+
+    lead = distributed.is_lead()
     log = MetricsLog(workdir, config, start) if lead else None
     stopper = EarlyStop(config, log.history if lead else read_history(workdir / "metrics.jsonl", start))
     validator = None
@@ -265,15 +300,16 @@ def train(config, workdir: Path, devices=None) -> int:
             reason = stopper.update(metrics)  # the same metrics on every process: the same decision
             if distributed.any_process(bool(preempted)):  # a signal may reach only some processes
                 reason = "SIGTERM"
+            checkpoints.poll()  # a save that failed in the background stops the run here
             if step % config.train.save_every == 0 or step == steps or reason:
                 checkpoints.save(state, force=True)
             if step == _KILL_AFTER_STEP:  # fault injection for the exact-resume test
-                checkpoints.wait()
+                checkpoints.settle()
                 os.kill(os.getpid(), signal.SIGKILL)
             if reason:
                 break
+        checkpoints.settle()  # the last checkpoint is complete before the run says it is done
     finally:
-        checkpoints.close()
         if log is not None:
             log.close()
         if bar is not None:
@@ -305,6 +341,9 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as err:  # a full disk (CheckpointWriteError among others): earlier checkpoints are intact
+        print(f"error: {describe(err)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -1,21 +1,44 @@
-"""The learning runs and the small-scale reproduction study behind docs/results.md.
+"""The learning runs and the reproduction study behind docs/results.md.
 
     # does the default CPU run learn? start vs end validation success, per seed
-    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn  # the config's validation
+    python benchmarks/reproduce.py learn --env sokoban --seeds 0 1 2 --out results/learn
 
-    # the paper's findings: Top-p 0.9 vs Top-k vs no filter, PPO and GRPO, per seed
-    python benchmarks/reproduce.py study --env frozenlake --seeds 0 1 2 --steps 40 --out results/study  # ~1 h per seed
+    # the study (the paper's claims at this scale), part by part or all of it, resumable:
+    python benchmarks/reproduce.py study --part main --out results/study       # filters × algorithms, 5 seeds
+    python benchmarks/reproduce.py study --part noise --out results/study      # FrozenLake's slip, Top-p vs none
+    python benchmarks/reproduce.py study --part gradients --out results/study  # gradient norms by reward-std bucket
+    python benchmarks/reproduce.py study --out results/study                   # all three, in that order
+    # a subset in minutes: one env/algorithm, two arms, one seed, a few steps
+    python benchmarks/reproduce.py study --part main --envs sokoban --algos grpo --filters top_p top_k \
+        --seeds 0 --steps 4 --out results/smoke
 
     # the best success any policy could reach on the validation levels (turns, budget, slip)
     python benchmarks/reproduce.py ceiling --env frozenlake [--set rollout.max_turns=5 ...]
 
-    # tables (markdown), correlations, gradient buckets and one figure per env
+    # the claims with bootstrap intervals, the per-arm table, gradient buckets, one figure per env
     python benchmarks/reproduce.py report --out results/study --figures docs/figures
 
-Every run is an ordinary `ragen_jax.train` run of `configs/<env>_tiny.py` in
-`<out>/<env>/<arm>/seed<k>` (metrics.jsonl, checkpoints), so a crashed study resumes where it
-stopped: finished runs are skipped, interrupted ones resume from their last checkpoint.
-The statistics themselves live in `ragen_jax.study` (tested against independent references).
+The study's parts (every run the tiny config of its env — configs/sokoban_tiny.py, 400 steps;
+configs/frozenlake_tiny.py, 140 steps — with the paper's filter: variance mass, and the same
+optimiser steps per RL step whatever is kept, `filter.update=paper`):
+- main: Top-p 0.9, Top-k matched, no filter × GRPO on both envs and PPO on Sokoban, seeds 0–4.
+  Top-k is matched by construction: k = the mean kept fraction of the finished Top-p runs of the
+  same env and algorithm × the groups (fixed in `<arm>/matched.json` when its first run starts),
+  so Top-k runs after Top-p. Validation on the config's fixed levels (128 × 8 samples) every
+  50 (Sokoban) / 20 (FrozenLake) steps, MI diagnostics with 64 samples every 10 steps, so both
+  meet at every validation.
+- noise: FrozenLake, GRPO, `env.success_rate` ∈ {1, 0.9, 0.8, 0.6, 1/3}, Top-p vs none, seeds
+  0–2 (the 0.8 runs are main's: the config's own rate).
+- gradients: Sokoban, GRPO and PPO, no filter, entropy coefficient / KL coefficient 0.001 / 0.01
+  and 0.01 / 0.1, 50 steps, the gradient analysis (6 buckets) at step 1 and every 5 steps:
+  11 measurements × 32 groups, ≈ 58 groups per bucket and run.
+- recorded: the 40-step study recorded in docs/results.md §10/§10c, as it ran then.
+
+Every run is an ordinary `ragen_jax.train` run in `<out>/<env>/<arm>/seed<k>` (metrics.jsonl,
+checkpoints every 10 steps), so a stopped study resumes where it stopped: finished runs are
+skipped, interrupted ones resume from their last checkpoint. After every arm `<out>/report.md`
+is rewritten from the finished runs, so each table lands as soon as its runs are done. The
+statistics live in `ragen_jax.study` (tested against independent references).
 """
 
 from __future__ import annotations
@@ -24,6 +47,7 @@ import argparse
 import json
 import math
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 from ragen_jax import compile_cache, host_devices
@@ -31,28 +55,44 @@ from ragen_jax import study as st  # numpy only; the jax-heavy imports stay insi
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py"}
-# The study's arms: the filter (SPEC §4: Top-p on reward variance, Top-k keeping the same
-# fraction of groups on average as the paper's comparison, or none) × the algorithm.
+ALGOS = ("ppo", "grpo")
+# main: the (env, algorithm) pairs the study runs (the issue's: GRPO on both, PPO on Sokoban)
+MAIN = (("sokoban", "grpo"), ("sokoban", "ppo"), ("frozenlake", "grpo"))
+# The arms' filters; Top-k's k is matched to Top-p's kept fraction when it runs (`matched_top_k`).
 FILTERS = {
+    "top_p": {"filter.strategy": "top_p", "filter.rho": "0.9"},
+    "top_k": {"filter.strategy": "top_k_abs"},
+    "none": {"filter.strategy": "none"},
+}
+# Every run of the study: the paper's score and update, no early stop (every run its full
+# length), a checkpoint every 10 steps (a restart repeats at most 10 steps), 64 MI samples.
+STUDY_RUN = {"filter.metric": "reward_var", "filter.update": "paper", "train.save_every": "10",
+             "early_stop.val_patience": "0", "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
+             "diagnostics.num_samples": "64", "diagnostics.compute_freq": "10"}
+VAL_EVERY = {"sokoban": 50, "frozenlake": 20}  # multiples of compute_freq: MI and validation meet
+NOISE_RATES = ("1", "0.9", "0.8", "0.6", "1/3")
+REGULARISATION = ("0.001:0.01", "0.01:0.1")  # entropy coefficient : KL coefficient
+GRADIENT_STEPS = 50
+SEEDS = {"main": [0, 1, 2, 3, 4], "noise": [0, 1, 2], "gradients": [0], "recorded": [0, 1, 2]}
+# The recorded 40-step study (docs/results.md §10, §10c) ran on the tiny defaults of its time:
+# 16 groups × 8 with the entropy bonus, optax's Adam ε, a constant rate, these warm starts, Top-k
+# keeping a quarter of the groups, Top-p on the reward std, full minibatches and fewer steps.
+STUDY_BASE = {"rollout.num_groups": "16", "rollout.group_size": "8", "algo.entropy_coef": "0.001",
+              "algo.adam_eps": "1e-8", "algo.lr_decay_fraction": "0"}
+STUDY_WARM_START = {"sokoban": "builtin:sokoban-tiny", "frozenlake": "builtin:frozenlake-tiny"}
+RECORDED_FILTERS = {
     "top_p": {"filter.strategy": "top_p", "filter.rho": "0.9"},
     "top_k": {"filter.strategy": "top_k", "filter.rho": "0.25"},
     "none": {"filter.strategy": "none"},
 }
-ALGOS = ("ppo", "grpo")
-# The study's base: the tiny defaults when it ran (docs/results.md §10), so that its command
-# still reproduces it after the defaults moved to 32 × 4 without the entropy bonus (§12) and
-# FrozenLake's to Adam ε 1e-3 (§19) and Sokoban's to a decaying learning rate (§26); Top-k's
-# rho was matched to Top-p's kept fraction with these groups. `--set` overrides them.
-STUDY_BASE = {"rollout.num_groups": "16", "rollout.group_size": "8", "algo.entropy_coef": "0.001",
-              "algo.adam_eps": "1e-8", "algo.lr_decay_fraction": "0"}
-# ... and the warm starts it ran from (FrozenLake's default moved to a noisier one, §25).
-STUDY_WARM_START = {"sokoban": "builtin:sokoban-tiny", "frozenlake": "builtin:frozenlake-tiny"}
+RECORDED_FILTER = {"filter.metric": "reward_std", "filter.update": "fewer_steps"}
 # The study figure's panels (metric, title), left to right.
 FIGURE_PANELS = ((st.VAL_SUCCESS, "validation success (fixed levels)"),
                  (st.SUCCESS, "training success (5-step mean)"), (st.MI_ZSCORE, "MI-ZScore (first turn)"))
 
 
 def study_base(env: str) -> dict[str, str]:
+    """The recorded study's base settings (its tiny defaults and warm start)."""
     return {**STUDY_BASE, "model.init": STUDY_WARM_START[env]}
 
 
@@ -143,23 +183,148 @@ def learn(args) -> None:
         train_one(config, workdir, config.train.steps)
 
 
+def rates(texts) -> list[float]:
+    """`--rates` items (decimals or fractions like 1/3) as floats."""
+    return [float(Fraction(t)) for t in texts]
+
+
+def regularisation(texts) -> list[tuple[str, str]]:
+    """`--reg ENTROPY:KL` items as (entropy coefficient, KL coefficient) strings."""
+    return [tuple(t.split(":", 1)) for t in texts]
+
+
+def study_overrides(env: str, args) -> dict[str, str]:
+    """What every run of the study's main and noise parts gets, before its arm's own keys."""
+    return {**STUDY_RUN, "diagnostics.num_samples": str(args.diag_samples),
+            "train.val_every": str(VAL_EVERY[env]), **validation_overrides(args),
+            **({"train.steps": str(args.steps)} if args.steps else {})}
+
+
+def run_arm(args, env: str, arm: str, seeds, overrides: dict[str, str]) -> None:
+    """One arm's runs, seed by seed; then the report is rewritten."""
+    for seed in seeds:
+        config = run_config(env, seed, {**overrides, **args.set})
+        train_one(config, args.out / env / arm / f"seed{seed}", config.train.steps)
+    write_report(args.out)
+
+
+def finished_runs(arm_dir: Path) -> list[list[dict]]:
+    """The records of every finished run (last logged step = its config's train.steps) of an arm."""
+    runs = []
+    for workdir in sorted(arm_dir.glob("seed*")):
+        if (workdir / "config.json").exists() and (workdir / "metrics.jsonl").exists():
+            steps = json.loads((workdir / "config.json").read_text())["train"]["steps"]
+            if finished(workdir, steps):
+                runs.append(_records(workdir))
+    return runs
+
+
+def matched_k(args, env: str, algo: str, num_groups: int) -> int:
+    """Top-k's group count for env/algo: fixed in `top_k-<algo>/matched.json` when first asked,
+    from the finished Top-p runs of the same env and algorithm then (so every Top-k seed keeps
+    the same k, and a resumed Top-k run finds the config it started with)."""
+    path = args.out / env / f"top_k-{algo}" / "matched.json"
+    if path.exists():
+        return json.loads(path.read_text())["k"]
+    top_p = finished_runs(args.out / env / f"top_p-{algo}")
+    if not top_p:
+        raise SystemExit(f"Top-k on {env}/{algo} is matched to finished Top-p runs, and there are none under "
+                         f"{args.out / env / f'top_p-{algo}'}: run --filters top_p first (the default order does)")
+    kept = [st.summarise_run(r)["mean_kept_ratio"] for r in top_p]
+    k = st.matched_top_k(kept, num_groups)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"k": k, "groups": num_groups, "top_p_runs": len(top_p),
+                                "top_p_mean_kept_fraction": sum(kept) / len(kept)}, indent=2))
+    return k
+
+
+def main_part(args) -> None:
+    """Top-p, then no filter, then Top-k matched to Top-p's kept fraction, per env/algorithm;
+    first the initial policy's validation (the same levels for every arm and seed)."""
+    for env, algo in MAIN:
+        if env not in args.envs or algo not in args.algos:
+            continue
+        base = {**study_overrides(env, args), "algo.name": algo}
+        record_start(args.out / env / "start_validation.json", run_config(env, 0, {**base, **args.set}))
+        for name in [f for f in ("top_p", "none", "top_k") if f in args.filters]:
+            overrides = {**base, **FILTERS[name]}
+            if name == "top_k":
+                groups = run_config(env, 0, {**base, **args.set}).rollout.num_groups
+                overrides["filter.rho"] = str(matched_k(args, env, algo, groups))
+            run_arm(args, env, f"{name}-{algo}", args.seeds or SEEDS["main"], overrides)
+
+
+def noise_arms(args) -> list[tuple[str, dict[str, str]]]:
+    """(arm, overrides) of the stochasticity sweep: FrozenLake, GRPO, Top-p and no filter at each
+    `env.success_rate`; the config's own rate is main's arm (the same runs)."""
+    default = run_config("frozenlake", 0, {}).env.success_rate
+    arms = []
+    for rate in rates(args.rates):
+        for name in [f for f in ("top_p", "none") if f in args.filters]:
+            suffix = "" if rate == default else f"-success{rate:.3g}"
+            arms.append((f"{name}-grpo{suffix}", {**study_overrides("frozenlake", args), "algo.name": "grpo",
+                                                   **FILTERS[name], "env.success_rate": repr(rate)}))
+    return arms
+
+
+def noise_part(args) -> None:
+    for arm, overrides in noise_arms(args):
+        run_arm(args, "frozenlake", arm, args.seeds or SEEDS["noise"], overrides)
+
+
+def gradient_arms(args) -> list[tuple[str, str, dict[str, str]]]:
+    """(env, arm, overrides) of the gradient analysis: no filter (every group trains, as measured),
+    each algorithm at each regularisation strength, no MI diagnostics or validation (the
+    analysis runs at step 1 and every 5 steps without them)."""
+    arms = []
+    for env in args.envs:
+        for algo in args.algos:
+            for entropy, kl in regularisation(args.reg):
+                arms.append((env, f"none-{algo}-ent{entropy}-kl{kl}", {
+                    **STUDY_RUN, **FILTERS["none"], "algo.name": algo, "algo.entropy_coef": entropy,
+                    "algo.kl_coef": kl, "grad_buckets": str(args.grad_buckets), "diagnostics.enabled": "false",
+                    "train.val_every": "0", "train.steps": str(args.steps or GRADIENT_STEPS)}))
+    return arms
+
+
+def gradients_part(args) -> None:
+    for env, arm, overrides in gradient_arms(args):
+        run_arm(args, env, arm, args.seeds or SEEDS["gradients"], overrides)
+
+
+def recorded_part(args) -> None:
+    """The 40-step study of docs/results.md §10/§10c as it ran: its base settings and warm starts,
+    Top-p on the reward std, Top-k keeping a quarter of the groups, fewer optimiser steps when
+    fewer groups are kept, the gradient analysis on, validation on 128 levels × 2 every 10 steps."""
+    val = {"train.val_every": str(args.val_every or 10), "eval.num_envs": str(args.eval_episodes or 128),
+           "eval.samples_per_env": str(args.eval_samples or 2)}
+    for env in args.envs:
+        record_start(args.out / env / "start_validation.json", run_config(env, 0, {**study_base(env), **val, **args.set}))
+        for seed in args.seeds or SEEDS["recorded"]:
+            for name in args.filters:
+                for algo in args.algos:
+                    overrides = {**study_base(env), **RECORDED_FILTER, **RECORDED_FILTERS[name], "algo.name": algo,
+                                 "train.steps": str(args.steps or 40), "train.save_every": "10", **val,
+                                 "grad_buckets": str(args.grad_buckets), "early_stop.val_patience": "0",
+                                 "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0", **args.set}
+                    train_one(run_config(env, seed, overrides), args.out / env / f"{name}-{algo}" / f"seed{seed}",
+                              args.steps or 40)
+
+
+PARTS = {"main": main_part, "noise": noise_part, "gradients": gradients_part, "recorded": recorded_part}
+ENVS = {"main": ["sokoban", "frozenlake"], "noise": ["frozenlake"], "gradients": ["sokoban"],
+        "recorded": ["sokoban", "frozenlake"]}
+
+
 def study(args) -> None:
-    """Every arm (filter × algorithm) for every seed, with the gradient analysis switched on;
-    first the initial policy's validation (the same levels and samples for every arm and seed)."""
-    record_start(args.out / args.env / "start_validation.json",
-                 run_config(args.env, 0, {**study_base(args.env), **validation_overrides(args), **args.set}))
-    for seed in args.seeds:
-        for filter_name in args.filters:
-            for algo in args.algos:
-                workdir = args.out / args.env / f"{filter_name}-{algo}" / f"seed{seed}"
-                # a checkpoint every 10 steps: an interrupted study repeats at most 10 steps of one run
-                overrides = {**study_base(args.env), **FILTERS[filter_name], "algo.name": algo,
-                             "train.steps": str(args.steps), "train.save_every": "10",
-                             **validation_overrides(args), "grad_buckets": str(args.grad_buckets),
-                             "early_stop.val_patience": "0", "early_stop.empty_batches": "0",
-                             "early_stop.reward_std_collapse": "0",
-                             **args.set}
-                train_one(run_config(args.env, seed, overrides), workdir, args.steps)
+    """The asked part, or main, noise and gradients in turn (`all`)."""
+    parts = ("main", "noise", "gradients") if args.part == "all" else (args.part,)
+    # as `python -m ragen_jax.train` does, before jax starts: one device per core (the study's runs
+    # share their env config's rollout batch and minibatch); the recorded study ran on one device
+    if parts != ("recorded",):
+        host_devices.split_host(run_config((args.envs or ENVS[parts[0]])[0], 0, args.set))
+    for part in parts:
+        PARTS[part](argparse.Namespace(**{**vars(args), "envs": args.envs or ENVS[part]}))
 
 
 def ceiling(args) -> None:
@@ -208,81 +373,180 @@ def _fmt(value: float, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def report(args) -> None:
-    """Markdown tables on stdout (and a figure per env with --figures) from every run under --out."""
-    runs: dict[tuple[str, str], list[list[dict]]] = {}  # (env, arm) -> its seeds' records
-    seeds: dict[tuple[str, str], list[list[dict]]] = {}  # (env, seed) -> its arms' records
-    for metrics in sorted(args.out.glob("*/*/seed*/metrics.jsonl")) + sorted(args.out.glob("*/seed*/metrics.jsonl")):
+def _interval(low: float, high: float, digits: int = 3) -> str:
+    return "—" if math.isnan(low) else f"[{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def load_runs(out: Path) -> dict[tuple[str, str], dict[int, list[dict]]]:
+    """{(env, arm): {seed: records}} of every finished run under `out` (a study's
+    `<env>/<arm>/seed<k>` or learn's `<env>/seed<k>`, arm "default"); unfinished runs are left out."""
+    runs: dict[tuple[str, str], dict[int, list[dict]]] = {}
+    for metrics in sorted(out.glob("*/*/seed*/metrics.jsonl")) + sorted(out.glob("*/seed*/metrics.jsonl")):
         workdir = metrics.parent
-        parts = workdir.relative_to(args.out).parts
+        parts = workdir.relative_to(out).parts
+        config = workdir / "config.json"
+        if not config.exists() or not finished(workdir, json.loads(config.read_text())["train"]["steps"]):
+            continue
         env, arm = parts[0], (parts[1] if len(parts) == 3 else "default")
-        records = _records(workdir)
-        runs.setdefault((env, arm), []).append(records)
-        seeds.setdefault((env, parts[-1]), []).append(records)
+        runs.setdefault((env, arm), {})[int(parts[-1][len("seed"):])] = _records(workdir)
+    return runs
+
+
+def report(args) -> None:
+    """Markdown tables on stdout (and a figure per env with --figures) from the finished runs under --out."""
+    runs = load_runs(args.out)
     if not runs:
-        raise SystemExit(f"no runs under {args.out} (expected <env>/<arm>/seed<k>/metrics.jsonl)")
-    print(results_tables(runs, args.out, seeds))
+        raise SystemExit(f"no finished runs under {args.out} (expected <env>/<arm>/seed<k>/metrics.jsonl)")
+    print(report_text(runs, args.out))
     if args.figures:
         for env in sorted({env for env, _ in runs}):
             start_file = args.out / env / "start_validation.json"  # a study's initial policy, shared by its arms
             start = json.loads(start_file.read_text())["success"] if start_file.exists() else None
-            path = draw_figure(env, {arm: r for (e, arm), r in runs.items() if e == env}, args.figures, start)
-            print(f"\nfigure: {path}")
+            arms = {arm: list(seeds.values()) for (e, arm), seeds in runs.items() if e == env and "-" in arm
+                    and arm.split("-", 1)[1] in ALGOS}  # main's arms: one line each
+            if arms:
+                path = draw_figure(env, arms, args.figures, start)
+                print(f"\nfigure: {path}")
 
 
-def results_tables(runs, out: Path, seeds=None) -> str:
-    columns = ["first_success", "final_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
-               "mean_reasoning_entropy", "alarm_rate", "mean_kept_ratio", "mean_step_seconds"]
-    lines = ["| env | arm | seeds | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 3)]
-    for (env, arm), records in sorted(runs.items()):
-        rows = [st.summarise_run(r) for r in records]
+def write_report(out: Path) -> None:
+    """`<out>/report.md` from the runs finished so far (the study calls it after every run)."""
+    runs = load_runs(out)
+    if runs:
+        (out / "report.md").write_text(report_text(runs, out) + "\n")
+
+
+def report_text(runs, out: Path) -> str:
+    return "\n\n".join(part for part in (arm_table(runs), start_table(out), claims_table(runs),
+                                          predictors_table(runs), gradients_table(runs)) if part)
+
+
+def arm_table(runs) -> str:
+    """Per arm, over its finished seeds: mean with the seeds' range."""
+    columns = ["final_validation", "first_success", "peak_success", "final_mi_zscore", "mean_retrieval_acc",
+               "mean_kept_ratio", "mean_step_seconds"]
+    lines = ["Per arm (finished seeds; mean, and the seeds' range). final_validation: the mean of a run's last "
+             "3 validations.", "", "| env | arm | seeds | " + " | ".join(columns) + " |",
+             "|" + " --- |" * (len(columns) + 3)]
+    for (env, arm), seeds in sorted(runs.items()):
+        rows = [{**st.summarise_run(r), "final_validation": st.final_validation(r)} for r in seeds.values()]
         cells = []
         for c in columns:
             values = [row[c] for row in rows if not math.isnan(row[c])]
             mean = sum(values) / len(values) if values else math.nan
-            spread = (max(values) - min(values)) / 2 if len(values) > 1 else math.nan
-            cells.append(_fmt(mean) + ("" if math.isnan(spread) else f" ± {_fmt(spread)}"))
+            spread = f" ({_fmt(min(values))}–{_fmt(max(values))})" if len(values) > 1 else ""
+            cells.append(_fmt(mean) + spread)
         lines.append(f"| {env} | {arm} | {len(rows)} | " + " | ".join(cells) + " |")
-    starts = sorted(out.glob("**/start_validation.json"))
-    if starts:
-        lines += ["", "| run | start validation success (initial policy) | end validation success "
-                  "| reasoning's player cell right: start → end |", "| --- | ---: | ---: | --- |"]
-        for path in starts:
-            start = json.loads(path.read_text())
-            right = _fmt(start.get("reasoning/player_right", math.nan))
-            if not (path.parent / "metrics.jsonl").exists():  # a study's: one initial policy for every arm
-                lines.append(f"| {path.parent.relative_to(out)} (initial policy of every arm) | "
-                             f"{_fmt(start['success'])} | — | {right} |")
-                continue
-            end = [r for r in _records(path.parent) if "val/success" in r]
-            last = end[-1] if end else {}
-            lines.append(f"| {path.parent.relative_to(out)} | {_fmt(start['success'])} | "
-                         f"{_fmt(last.get('val/success', math.nan))} | "
-                         f"{right} → {_fmt(last.get('val/reasoning/player_right', math.nan))} |")
-    # raw: every run's checkpoints pooled (the paper's); centred: each checkpoint minus the mean of
-    # the same seed's runs at that step, which drew the same levels (ragen_jax.study)
-    lines += ["", "| env | points | Spearman(MI-ZScore, success) | Spearman(reasoning entropy, success) |",
-              "| --- | --- | ---: | ---: |"]
-    for env in sorted({env for env, _ in runs}):
-        all_runs = [r for (e, _), rs in runs.items() if e == env for r in rs]
-        env_seeds = [rs for (e, _), rs in sorted((seeds or {}).items()) if e == env]
-        rows = [("raw", [st.checkpoint_points(all_runs, key) for key in (st.MI_ZSCORE, st.REASONING_ENTROPY)])]
-        if env_seeds:
-            rows.append(("centred", [st.centred_checkpoint_points(env_seeds, key)
-                                     for key in (st.MI_ZSCORE, st.REASONING_ENTROPY)]))
-        for label, ((mx, my), (ex, ey)) in rows:
-            lines.append(f"| {env} | {label}, {len(mx)} | {_fmt(st.spearman(mx, my))} | {_fmt(st.spearman(ex, ey))} |")
-    for env in sorted({env for env, _ in runs}):
-        table = st.gradient_buckets([r for (e, _), rs in runs.items() if e == env for r in rs])
-        if table:
-            lines += ["", f"Gradient norms by reward-std bucket ({env}; 0 = lowest in-group reward std):", "",
-                      "| bucket | groups | task-gradient norm | regularisation-gradient norm | task / reg |",
-                      "| ---: | ---: | ---: | ---: | ---: |"]
-            for row in table:
-                lines.append(f"| {int(row['bucket'])} | {_fmt(row.get('groups', math.nan), 1)} | "
-                             f"{_fmt(row.get('task_norm', math.nan), 4)} | {_fmt(row.get('reg_norm', math.nan), 4)} | "
-                             f"{_fmt(row.get('task_over_reg', math.nan), 2)} |")
     return "\n".join(lines)
+
+
+def start_table(out: Path) -> str:
+    starts = sorted(out.glob("**/start_validation.json"))
+    if not starts:
+        return ""
+    lines = ["| run | start validation success (initial policy) | end validation success "
+             "| reasoning's player cell right: start → end |", "| --- | ---: | ---: | --- |"]
+    for path in starts:
+        start = json.loads(path.read_text())
+        right = _fmt(start.get("reasoning/player_right", math.nan))
+        if not (path.parent / "metrics.jsonl").exists():  # a study's: one initial policy for every arm
+            lines.append(f"| {path.parent.relative_to(out)} (initial policy of every arm) | "
+                         f"{_fmt(start['success'])} | — | {right} |")
+            continue
+        end = [r for r in _records(path.parent) if "val/success" in r]
+        last = end[-1] if end else {}
+        lines.append(f"| {path.parent.relative_to(out)} | {_fmt(start['success'])} | "
+                     f"{_fmt(last.get('val/success', math.nan))} | "
+                     f"{right} → {_fmt(last.get('val/reasoning/player_right', math.nan))} |")
+    return "\n".join(lines)
+
+
+COMPARISONS = (("top_p", "none"), ("top_p", "top_k"), ("top_k", "none"))
+
+
+def claims_table(runs) -> str:
+    """Paired per-seed differences of final validation success between filters that share
+    everything else (the arm's name after the filter), with bootstrap 95% intervals over seeds."""
+    finals = {key: {seed: st.final_validation(r) for seed, r in seeds.items()} for key, seeds in runs.items()}
+    lines = ["Claims: arm A − arm B in final validation success (fixed levels), per seed (the same seed in "
+             "both), with the bootstrap 95% interval of the mean over seeds.", "",
+             "| env | condition | A − B | seeds | per-seed differences | mean | 95% interval | verdict |",
+             "| --- | --- | --- | ---: | --- | ---: | --- | --- |"]
+    rows = 0
+    for env, condition in sorted({(env, arm.split("-", 1)[1]) for env, arm in runs if "-" in arm}):
+        for a, b in COMPARISONS:
+            if (env, f"{a}-{condition}") not in finals or (env, f"{b}-{condition}") not in finals:
+                continue
+            seeds, diffs = st.paired_differences(finals[env, f"{a}-{condition}"], finals[env, f"{b}-{condition}"])
+            if not seeds:
+                continue
+            mean, low, high = st.mean_difference_interval(diffs)
+            per_seed = ", ".join(f"{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
+            lines.append(f"| {env} | {condition} | {a} − {b} | {len(seeds)} | {per_seed} | {mean:+.3f} | "
+                         f"{_interval(low, high)} | {st.verdict(low, high, f'{a} better', f'{b} better')} |")
+            rows += 1
+    return "\n".join(lines) if rows else ""
+
+
+def predictors_table(runs) -> str:
+    """Per env: each MI proxy and entropy against validation success, pooled over every finished
+    run with both (main and noise), intervals by resampling runs; then whether first-turn
+    MI-ZScore predicts better than each entropy (|ρ| difference on the same resamples)."""
+    lines = []
+    for env in sorted({env for env, _ in runs}):
+        env_runs = [r for (e, _), seeds in sorted(runs.items()) if e == env for r in seeds.values()]
+        rows = []
+        for key in (*st.MI_PROXIES, *st.ENTROPIES):
+            rho, low, high, points, n = st.run_correlation(env_runs, key)
+            if points:
+                rows.append(f"| {key} | {points} | {n} | {rho:+.3f} | {_interval(low, high)} | "
+                            f"{st.verdict(low, high, 'positive', 'negative')} |")
+        for entropy in st.ENTROPIES:
+            diff, low, high, points, n = st.run_correlation(env_runs, st.MI_ZSCORE, against=entropy)
+            if points:
+                rows.append(f"| \\|ρ(MI-ZScore)\\| − \\|ρ({entropy.rsplit('/', 1)[1]})\\| | {points} | {n} | "
+                            f"{diff:+.3f} | {_interval(low, high)} | "
+                            f"{st.verdict(low, high, 'MI-ZScore predicts better', 'the entropy predicts better')} |")
+        if rows:
+            lines += [f"Diagnostics vs validation success ({env}; Spearman over the validation steps of every "
+                      "finished run, pooled; 95% interval by resampling runs):", "",
+                      "| predictor | points | runs | Spearman | 95% interval | sign |", "| --- | ---: | ---: | ---: | --- | --- |",
+                      *rows, ""]
+    return "\n".join(lines).strip()
+
+
+def gradients_table(runs) -> str:
+    """Per (env, arm) with a gradient analysis: the norms by reward-std bucket, and the
+    regularisation-to-task ratio in the lowest and highest bucket with intervals over the
+    measured steps."""
+    lines = []
+    for (env, arm), seeds in sorted(runs.items()):
+        table = st.gradient_buckets(list(seeds.values()))
+        if not table:
+            continue
+        lines += ["", f"Gradient norms by reward-std bucket ({env}, {arm}; 0 = lowest in-group reward std; "
+                  "groups: pooled over the measured steps of its runs):", "",
+                  "| bucket | steps | groups | task-gradient norm | regularisation-gradient norm | reg / task |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for row in table:
+            task, reg = row.get("task_norm", math.nan), row.get("reg_norm", math.nan)
+            lines.append(f"| {int(row['bucket'])} | {_fmt(row.get('measurements', math.nan), 0)} | "
+                         f"{_fmt(row.get('groups_total', math.nan), 0)} | {_fmt(task, 4)} | {_fmt(reg, 4)} | "
+                         f"{_fmt(reg / task if task else math.nan, 3)} |")
+        steps = st.measured_steps(seeds.values())
+        low_bucket, high_bucket = int(table[0]["bucket"]), int(table[-1]["bucket"])
+        share = lambda b: (lambda steps_: st.reg_over_task(steps_, b))  # noqa: E731
+        cells = []
+        for name, statistic in ((f"reg/task in bucket {low_bucket}", share(low_bucket)),
+                                (f"in bucket {high_bucket}", share(high_bucket)),
+                                ("difference", lambda s: share(low_bucket)(s) - share(high_bucket)(s))):
+            value, low, high = st.bootstrap_interval(steps, statistic)
+            cells.append(f"{name} {_fmt(value)} {_interval(low, high)}")
+        # the last interval is the difference's
+        lines += ["", "; ".join(cells) + f" (95% intervals over the {len(steps)} measured steps): "
+                  + st.verdict(low, high, "the regulariser weighs more in the low-variance groups",
+                               "the regulariser weighs more in the high-variance groups")]
+    return "\n".join(lines).strip()
 
 
 def figure_lines(arms: dict[str, list[list[dict]]], start: float | None = None) -> dict[str, dict[str, tuple]]:
@@ -335,28 +599,40 @@ def draw_figure(env: str, arms: dict[str, list[list[dict]]], folder: Path, start
     return path
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("learn", "study"):
         p = sub.add_parser(name)
-        p.add_argument("--env", choices=sorted(CONFIGS), required=True)
-        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        if name == "learn":
+            p.add_argument("--env", choices=sorted(CONFIGS), required=True)
+            p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        else:
+            p.add_argument("--part", choices=["all", *PARTS], default="all",
+                           help="all: main, noise and gradients in turn; recorded: the 40-step study of "
+                                "docs/results.md §10 as it ran")
+            p.add_argument("--envs", nargs="+", choices=sorted(CONFIGS), default=None,
+                           help="default: the part's (main: both; noise: frozenlake; gradients: sokoban)")
+            p.add_argument("--seeds", type=int, nargs="+", default=None,
+                           help="default: main 0-4, noise 0-2, gradients 0, recorded 0-2")
+            p.add_argument("--filters", nargs="+", choices=sorted(FILTERS), default=["top_p", "none", "top_k"])
+            p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+            p.add_argument("--rates", nargs="+", default=list(NOISE_RATES),
+                           help="noise: FrozenLake's env.success_rate values (decimals or fractions)")
+            p.add_argument("--reg", nargs="+", default=list(REGULARISATION), metavar="ENTROPY:KL",
+                           help="gradients: entropy and KL coefficients of each arm")
+            p.add_argument("--grad-buckets", type=int, default=6)
+            p.add_argument("--diag-samples", type=int, default=64, help="MI diagnostics' samples (main, noise)")
         p.add_argument("--out", type=Path, required=True)
-        p.add_argument("--steps", type=int, default=0 if name == "learn" else 40)
-        # learn: the config's validation (128 levels × 8 samples every 25 steps for the tiny configs;
-        # one sample per level has a standard error of ~0.04, docs/results.md §5); study: the same
-        # levels × 2 samples every 10 steps (standard error ~0.03, §10)
-        p.add_argument("--val-every", type=int, default=None if name == "learn" else 10)
-        p.add_argument("--eval-episodes", type=int, default=None if name == "learn" else 128)
-        p.add_argument("--eval-samples", type=int, default=None if name == "learn" else 2,
+        p.add_argument("--steps", type=int, default=0, help="0: the config's (study: gradients 50, recorded 40)")
+        # learn and study: the config's validation (128 levels × 8 samples; one sample per level
+        # has a standard error of ~0.04, docs/results.md §5), study every 50 / 20 steps
+        p.add_argument("--val-every", type=int, default=None)
+        p.add_argument("--eval-episodes", type=int, default=None)
+        p.add_argument("--eval-samples", type=int, default=None,
                        help="samples per validation level (success is over all of them; pass@k too)")
         p.add_argument("--set", action="append", default=[],
                        metavar="KEY=VALUE", help="any other config override, e.g. rollout.num_groups=2")
-        if name == "study":
-            p.add_argument("--filters", nargs="+", choices=sorted(FILTERS), default=["top_p", "top_k", "none"])
-            p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
-            p.add_argument("--grad-buckets", type=int, default=6)
     p = sub.add_parser("ceiling")
     p.add_argument("--env", choices=sorted(CONFIGS), required=True)
     p.add_argument("--eval-episodes", type=int, default=128)
@@ -370,8 +646,26 @@ def main(argv=None) -> int:
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
+    if args.command == "study":
+        for text in args.rates:
+            try:
+                if not 0 <= Fraction(text) <= 1:
+                    raise ValueError
+            except (ValueError, ZeroDivisionError):
+                parser.error(f"--rates {text!r}: expected a success rate in [0, 1], e.g. 0.9 or 1/3")
+        for text in args.reg:
+            try:
+                if len(text.split(":")) != 2 or min(float(v) for v in text.split(":")) < 0:
+                    raise ValueError
+            except ValueError:
+                parser.error(f"--reg {text!r}: expected ENTROPY:KL coefficients >= 0, e.g. 0.001:0.01")
     if hasattr(args, "set"):
         args.set = set_overrides(args.set, parser.error)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.command in ("learn", "study"):
         compile_cache.enable()  # every seed and arm compiles the same programs (jax's backend not started yet)
     {"learn": learn, "study": study, "ceiling": ceiling, "report": report}[args.command](args)

@@ -1,7 +1,7 @@
 """The CPU default: the built-in tiny model and tokenizer on SimpleSokoban (6×6, 1 box).
 
 32 groups × 4 trajectories, 3 turns of up to 48 tokens, GRPO without an entropy bonus on
-rollouts at T 0.5 with Top-p 0.9 reward-variance filtering, MI diagnostics every 10 steps,
+rollouts at T 0.5 with Top-p 0.9 filtering on the reward std, MI diagnostics every 10 steps,
 validation on 128 levels × 8 samples every 50 steps (`ragen_jax.config.tiny_cpu_config`),
 starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see README).
 

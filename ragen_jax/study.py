@@ -8,7 +8,12 @@ them) and returns plain numbers, so the study's tables can be recomputed from th
 - `checkpoint_points` + `spearman`: the paper's "MI-ZScore vs success" and "reasoning entropy vs
   success" rank correlations across runs and diagnostic checkpoints; `centred_checkpoint_points`
   the same with each checkpoint centred on the runs that saw the same levels;
-- `gradient_buckets`: task- and regularisation-gradient norms by reward-std bucket.
+- `gradient_buckets`: task- and regularisation-gradient norms by reward-std bucket;
+- the claims: `final_validation` (a run's validation success at its end, fixed levels),
+  `paired_differences` (arm A − arm B per seed, the same seed in both), `bootstrap_interval`
+  (percentile bootstrap of any statistic over units: seeds, runs or measurements),
+  `run_correlation` (Spearman of a diagnostic against validation success, pooled over runs,
+  resampled by run), `verdict`; `matched_top_k` (the Top-k arm's k from Top-p's kept fraction).
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ REASONING_ENTROPY = "mi/first_turn/reasoning_entropy_est"
 KEPT = "filter/kept_ratio"
 STEP_SECONDS = "time/step_seconds"
 ALARM = "mi/collapse_alarm"
+# The MI proxies and the entropies the MI-vs-entropy comparison pits against validation success
+# (SPEC §5; first turn and random turns of whole trajectories, and the action's grounding).
+MI_PROXIES = tuple(f"mi/{where}/{name}" for where in ("first_turn", "trajectory") for name in (
+    "mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_seq", "mi_zscore_ema", "retrieval_acc",
+    "retrieval_above_chance")) + tuple(f"mi/{where}/{name}" for where in ("action_state", "action_reasoning")
+                                       for name in ("mi_estimate", "retrieval_above_chance"))
+ENTROPIES = ("mi/first_turn/conditional_entropy_est",  # H(Z | X): the reasoning under its own prompt
+             "mi/first_turn/reasoning_entropy_est",  # H(Z): under the other prompts (the marginal)
+             "mi/first_turn/reasoning_token_entropy")  # the policy's token entropy over the reasoning
 
 
 def finite_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
@@ -105,18 +119,9 @@ def centred_checkpoint_points(seeds: Iterable[list[list[dict]]], x_key: str,
 
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n, ties sharing their average rank (so tied successes do not invent order)."""
-    values = np.asarray(values, np.float64)
-    order = np.argsort(values, kind="stable")
-    sorted_values = values[order]
-    out = np.empty(len(values), np.float64)
-    start = 0
-    while start < len(values):
-        end = start
-        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
-            end += 1
-        out[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return out
+    _, inverse, counts = np.unique(np.asarray(values, np.float64), return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the rank of each distinct value's last copy
+    return ((last - counts + 1 + last) / 2.0)[inverse.reshape(-1)]
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -134,7 +139,8 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 def gradient_buckets(runs: Iterable[list[dict]]) -> list[dict[str, float]]:
     """Per reward-std bucket (0 = lowest std), the mean task and regularisation gradient norms
-    and the mean number of groups over every measured step of every run."""
+    and the mean number of groups over every measured step of every run; `measurements` the
+    steps measured and `groups_total` the groups they held (the analysis' sample size)."""
     sums: dict[int, dict[str, list[float]]] = {}
     for records in runs:
         for r in records:
@@ -147,7 +153,120 @@ def gradient_buckets(runs: Iterable[list[dict]]) -> list[dict[str, float]]:
     for bucket in sorted(sums):
         row = {"bucket": float(bucket)}
         row.update({name: float(np.mean(v)) for name, v in sorted(sums[bucket].items())})
+        if "groups" in sums[bucket]:
+            row["measurements"] = float(len(sums[bucket]["groups"]))
+            row["groups_total"] = float(np.sum(sums[bucket]["groups"]))
         if row.get("task_norm") is not None and row.get("reg_norm"):
             row["task_over_reg"] = row["task_norm"] / row["reg_norm"]
         table.append(row)
     return table
+
+
+def measured_steps(runs: Iterable[list[dict]]) -> list[dict]:
+    """The records of every run that hold a gradient analysis."""
+    return [r for records in runs for r in records if any(k.startswith("grad/bucket") for k in r)]
+
+
+def reg_over_task(steps: Sequence[dict], bucket: int) -> float:
+    """Mean regularisation-gradient norm over mean task-gradient norm of one bucket, over the
+    measured steps where it had groups (a bucket without groups logs NaN): above 1 the
+    regulariser's gradient outweighs the task's in those groups."""
+    prefix = f"grad/bucket{bucket}/"
+    norms = [(r[prefix + "task_norm"], r[prefix + "reg_norm"]) for r in steps
+             if math.isfinite(r.get(prefix + "task_norm", math.nan)) and math.isfinite(r.get(prefix + "reg_norm", math.nan))]
+    if not norms:
+        return math.nan
+    task = float(np.mean([t for t, _ in norms]))
+    return float(np.mean([g for _, g in norms])) / task if task > 0 else math.nan
+
+
+# ----------------------------------------------------------------------------- the claims
+
+
+def final_validation(records: list[dict], last: int = 3) -> float:
+    """A run's validation success at its end: the mean of its last `last` validations (on the
+    fixed levels; NaN when it never validated)."""
+    values = [v for _, v in finite_series(records, VAL_SUCCESS)]
+    return _mean(values[-last:])
+
+
+def paired_differences(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], np.ndarray]:
+    """Per seed, arm A's value minus arm B's, over the seeds both arms have (finite in both):
+    runs of one seed share their initial rollouts' randomness and validation levels."""
+    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    return seeds, np.asarray([a[s] - b[s] for s in seeds], np.float64)
+
+
+def bootstrap_interval(units: Sequence, statistic, resamples: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float, float]:
+    """(statistic of the units, low, high): the percentile bootstrap interval at `level` —
+    `resamples` times, as many units drawn with replacement (numpy's Generator from `seed`,
+    all draws at once: `integers(0, n, size=(resamples, n))`) and the statistic recomputed;
+    resamples where it is not finite (e.g. a constant resample's correlation) are left out.
+    NaNs when there are no units."""
+    n = len(units)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    estimate = float(statistic(list(units)))
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    values = np.asarray([statistic([units[i] for i in row]) for row in draws], np.float64)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return estimate, math.nan, math.nan
+    low, high = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
+    return estimate, float(low), float(high)
+
+
+def mean_difference_interval(differences: Sequence[float], resamples: int = 10000,
+                             seed: int = 0) -> tuple[float, float, float]:
+    """Mean of paired differences with its bootstrap 95% interval over the seeds."""
+    return bootstrap_interval(list(differences), lambda d: float(np.mean(d)), resamples, seed)
+
+
+def validation_points(records: list[dict], keys: Sequence[str]) -> np.ndarray:
+    """[points, len(keys) + 1]: the diagnostics `keys` and validation success (last column) at
+    the steps of one run where all of them were logged."""
+    rows = [[float(r[k]) for k in (*keys, VAL_SUCCESS)] for r in records
+            if all(math.isfinite(r.get(k, math.nan)) for k in (*keys, VAL_SUCCESS))]
+    return np.asarray(rows, np.float64).reshape(-1, len(keys) + 1)
+
+
+def run_correlation(runs: Sequence[list[dict]], key: str, against: str | None = None, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float, int, int]:
+    """Spearman of `key` against validation success over the points of all runs pooled, with a
+    bootstrap 95% interval that resamples whole runs (a run's points are not independent).
+    With `against`: |Spearman(key)| − |Spearman(against)| on the points where both are logged,
+    the two on the same resamples (does `key` predict success better?). Also the number of points
+    and of runs that have any; runs without points are left out."""
+    keys = (key,) if against is None else (key, against)
+    per_run = [p for p in (validation_points(r, keys) for r in runs) if len(p)]
+
+    def pooled(chosen):
+        points = np.concatenate(chosen)
+        rho = spearman(points[:, 0], points[:, -1])
+        return rho if against is None else abs(rho) - abs(spearman(points[:, 1], points[:, -1]))
+
+    if not per_run:
+        return math.nan, math.nan, math.nan, 0, 0
+    value, low, high = bootstrap_interval(per_run, pooled, resamples, seed)
+    return value, low, high, sum(len(p) for p in per_run), len(per_run)
+
+
+def verdict(low: float, high: float, above: str = "A > B", below: str = "A < B") -> str:
+    """What a 95% interval of a difference (or a correlation) says: `above` when it lies above
+    0, `below` when below, otherwise that the data cannot tell."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no data"
+    if low > 0:
+        return above
+    if high < 0:
+        return below
+    return "not shown (the interval spans 0)"
+
+
+def matched_top_k(kept_ratios: Sequence[float], num_groups: int) -> int:
+    """The Top-k arm's group count matched to Top-p: the mean kept fraction of the finished
+    Top-p runs (each run's mean over its steps) times the groups, rounded, at least 1."""
+    if not len(kept_ratios):
+        raise ValueError("matched_top_k needs the kept fractions of at least one finished Top-p run")
+    return max(1, int(round(float(np.mean(kept_ratios)) * num_groups)))

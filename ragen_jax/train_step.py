@@ -3,13 +3,14 @@
 In order, all inside XLA (DESIGN, "the one idea"):
 
 1. rollout: `num_groups × group_size` multi-turn trajectories from the current policy;
-2. SNR-aware filter: score each group by its reward std, keep whole groups (SPEC §4);
+2. SNR-aware filter: score each group (by default its reward variance), keep whole groups (SPEC §4);
 3. diagnostics (every `compute_freq` steps and at step 1): cross-scoring MI on the rollout,
    before filtering (SPEC §5) — when a diagnostics config is given;
 4. advantages: GAE with the critic (PPO) or group baselines (GRPO / Dr.GRPO / DAPO);
-5. update over the kept groups only: they are moved to the front and the loop runs
-   ceil(kept rows / minibatch) × epochs optimiser steps — a `while_loop` with a
-   data-dependent bound, so dropping groups saves update compute (DESIGN decision 4).
+5. update over the kept groups only: they are moved to the front, and each optimiser step
+   trains on a slice of them (`filter.update`: as many steps as an unfiltered batch on fewer
+   rows each, or full minibatches and fewer steps) — loops with data-dependent bounds over
+   steps and micro-batches, so dropping groups saves update compute (DESIGN decision 4).
 
 The update works on the compact generated-slot view of the rollout (`ragen_jax.batch`).
 """
@@ -248,7 +249,7 @@ class Trainer:
             token_entropy, token_mask)
         kept_rows = keep.sum() * members
 
-        # Kept groups first; rows beyond `kept_rows` are padding in the last minibatch.
+        # Kept groups first; rows beyond `kept_rows` are padding, masked out of every loss.
         group_order = filtering.kept_first(keep)
         row_order = (group_order[:, None] * members + jnp.arange(members)[None, :]).reshape(-1)
         batch = self.rows(jax.tree.map(lambda a: a[row_order], batch))
@@ -257,22 +258,28 @@ class Trainer:
         batch = batch.replace(loss_mask=batch.loss_mask & row_valid[:, None])
 
         mb = algo.mini_batch_size
-        num_minibatches = (kept_rows + mb - 1) // mb
-        minibatch = lambda b, i: jax.tree.map(lambda a: _split(a, mb)[i], b)
         batch = self._advantages(state, batch, episode_reward, kept_rows)
         lr_factor = lr_decay_factor(state.step, cfg.total_steps, algo.lr_decay_fraction)
 
-        # minibatch updates: a loop whose trip count depends on how many groups were kept
+        # Optimiser steps over the kept rows (`filter.update`): a loop whose trip count depends on
+        # how many groups were kept; step i trains on the rows [start, end) of the kept-first
+        # order, a window of `mb` rows whose rows past `end` are masked (their micro-batches are
+        # not run, `_accumulate`).
+        steps = filtering.update_steps(cfg.filter, kept_rows, rcfg.batch, mb)
         temperature = rcfg.sampling.temperature or 1.0
         zero_stats = {name: jnp.float32(0.0) for name in (*UPDATE_STATS, "update/micro_batches")}
 
         def one_update(i, carry):
             params, opt, critic, critic_opt, totals = carry
-            # A minibatch picked by a traced index lives on a few devices (the batch is split in
+            start, end = filtering.step_rows(cfg.filter, i % steps, steps, kept_rows, mb)
+            window = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, mb), batch)
+            in_step = jnp.arange(mb) < end - start
+            # A window picked by a traced index lives on a few devices (the batch is split in
             # contiguous blocks); pin its rows to the whole mesh again, or GSPMD replicates it
             # and every device computes the whole minibatch.
-            mbatch = self.rows(minibatch(batch, i % num_minibatches))
-            params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, scale, temperature,
+            mbatch = self.rows(window.replace(loss_mask=window.loss_mask & in_step[:, None]))
+            step_scale = filtering.step_loss_scale(cfg.filter, scale, end - start, mb)
+            params, opt, stats = self._actor_update(params, opt, state.reference, mbatch, step_scale, temperature,
                                                     lr_factor)
             if algo.uses_critic:
                 critic, critic_opt, critic_stats = self._critic_update(critic, critic_opt, mbatch, lr_factor)
@@ -280,7 +287,7 @@ class Trainer:
             totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
             return params, opt, critic, critic_opt, totals
 
-        iterations = num_minibatches * algo.epochs
+        iterations = steps * algo.epochs
         params, opt, critic, critic_opt, totals = jax.lax.fori_loop(
             0, iterations, one_update, (state.policy, state.policy_opt, state.critic, state.critic_opt, zero_stats))
 
@@ -291,7 +298,7 @@ class Trainer:
             "update/minibatches": iterations.astype(jnp.float32),
             "update/micro_batches": micro_batches,  # forward/backward passes run (padding skipped)
             "update/kept_rows": kept_rows.astype(jnp.float32),
-            "update/loss_scale": scale,
+            "update/loss_scale": scale,  # the batch's; `paper` scales each step by its own ratio (mean: this, linear)
             "update/lr_factor": lr_factor,
             "update/advantage_mean": adv.masked_mean(batch.advantages, batch.loss_mask),
         })

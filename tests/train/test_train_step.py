@@ -19,6 +19,7 @@ from ragen_jax.train_step import StepConfig, Trainer
 
 ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                         max_new_tokens=16)
+FILTER = FilterConfig(update="fewer_steps")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,8 @@ def trajectories(setup):
 
 def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
     env, params, codec, prompt, model = setup
-    filt = algo.pop("filter", FilterConfig())
+    # Top-p with full minibatches and ceil(kept / minibatch) steps unless a test says otherwise
+    filt = algo.pop("filter", FILTER)
     name = algo.pop("name", "ppo")
     total_steps = algo.pop("total_steps", 0)
     algo = AlgoConfig.preset(name, **{"mini_batch_size": 4, "actor_lr": 1e-3, "critic_lr": 1e-3, **algo})
@@ -274,6 +276,85 @@ def test_micro_batches_of_padding_only_are_skipped(setup, trajectories):
     np.testing.assert_allclose(params_of(a), params_of(b), atol=5e-5)
     for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):  # the GRPO loss is ~1e-7 here
         np.testing.assert_allclose(float(ma[name]), float(mb[name]), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+# ----------------------------------------------------------------------------- the paper's update after filtering
+
+
+PAPER = FilterConfig(update="paper")
+
+
+def test_paper_update_equals_smaller_minibatches_over_the_kept_groups_alone(setup, trajectories):
+    """`paper`: 16 rows in minibatches of 4 is 4 optimiser steps; Top-p keeps 8 rows, so each
+    step trains on 2 of them. The result equals 4 steps of 2-row minibatches over a batch that
+    holds only the kept groups."""
+    model = setup[-1]
+    paper = trainer(setup, name="grpo", filter=PAPER)
+    state, metrics = paper.update(paper.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    assert float(metrics["update/kept_rows"]) == 8 and float(metrics["update/minibatches"]) == 4
+
+    alone = trainer(setup, dataclasses.replace(ROLLOUT, num_groups=2), name="grpo", mini_batch_size=2)
+    rows = np.r_[0:4, 8:12]
+    kept = jax.tree.map(lambda a: a[rows] if getattr(a, "ndim", 0) and a.shape[0] == 16 else a, trajectories)
+    ref_state, ref_metrics = alone.update(alone.init_state(jax.random.key(0), model), kept, jax.random.key(1))
+    assert float(ref_metrics["update/minibatches"]) == 4
+    # a 4-row window with 2 rows masked against 2-row minibatches: another float summation order,
+    # which Adam amplifies on near-zero gradients (a handful of parameters by ~2e-6; lr 1e-3)
+    np.testing.assert_allclose(params_of(state), params_of(ref_state), atol=1e-5)
+    for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+        np.testing.assert_allclose(float(metrics[name]), float(ref_metrics[name]), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("update", ["paper", "fewer_steps"])
+def test_optimiser_steps_and_passes_per_mode_whatever_is_kept(setup, trajectories, update):
+    """16 rows, minibatches of 4, micro-batches of 1 row, 2 epochs; the groups with varying
+    rewards are kept (4, 2 or 1 of them). `paper` takes 4 optimiser steps per epoch whatever is
+    kept, `fewer_steps` one per 4 kept rows; in both the forward/backward passes run are the
+    kept rows (padding rows are never run)."""
+    model = setup[-1]
+    tr = trainer(setup, name="grpo", micro_batch_size=1, epochs=2,
+                 filter=FilterConfig(strategy="none", include_zero=False, update=update))
+    spread = np.array([0.0, 1.0, 2.0, 3.0])
+    for varying in (4, 2, 1):
+        rewards = np.ones((4, 4), np.float32)
+        rewards[:varying] = spread
+        _, metrics = tr.update(tr.init_state(jax.random.key(0), model), rewarded(trajectories, rewards.reshape(-1)),
+                               jax.random.key(1))
+        kept = 4 * varying
+        assert float(metrics["update/kept_rows"]) == kept
+        assert float(metrics["update/minibatches"]) == 2 * (4 if update == "paper" else kept // 4)
+        assert float(metrics["update/micro_batches"]) == 2 * kept  # the actor's passes, both epochs
+
+
+def test_with_every_group_kept_both_modes_are_the_same_update(setup, trajectories):
+    model = setup[-1]
+    results = []
+    for update in ("paper", "fewer_steps"):
+        tr = trainer(setup, name="grpo", micro_batch_size=2,
+                     filter=FilterConfig(strategy="none", loss_scaling="linear", update=update))
+        state, metrics = tr.update(tr.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+        results.append((params_of(state), {k: float(v) for k, v in metrics.items()}))
+    (a, ma), (b, mb) = results
+    np.testing.assert_array_equal(a, b)
+    assert ma == mb and ma["update/minibatches"] == 4 and ma["update/loss_scale"] == 1.0
+
+
+def test_paper_mode_scales_the_policy_loss_by_the_steps_keep_ratio(setup, trajectories):
+    """One optimiser step (a 16-row minibatch) on the 8 rows Top-p keeps: with `linear` the policy
+    loss and its gradient are half the unscaled ones (no entropy or KL here; `sqrt` and uneven
+    steps: tests/rl/test_filtering.py)."""
+    model = setup[-1]
+    got = {}
+    for scaling in ("none", "linear"):
+        tr = trainer(setup, name="grpo", mini_batch_size=16, entropy_coef=0.0,
+                     filter=FilterConfig(loss_scaling=scaling, update="paper"))
+        _, got[scaling] = tr.update(tr.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    plain = got["none"]
+    assert float(plain["update/minibatches"]) == 1 and float(plain["update/kept_rows"]) == 8
+    scaled = got["linear"]
+    assert float(plain["update/loss_scale"]) == 1.0 and float(scaled["update/loss_scale"]) == 0.5
+    np.testing.assert_allclose(float(scaled["actor/grad_norm"]), 0.5 * float(plain["actor/grad_norm"]), rtol=1e-5)
+    np.testing.assert_allclose(float(scaled["actor/loss"]), 0.5 * float(plain["actor/loss"]), rtol=1e-5, atol=1e-9)
 
 
 def test_kl_to_the_reference_grows_as_the_policy_moves(setup, trajectories):

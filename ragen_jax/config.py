@@ -130,7 +130,8 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
     The filter ranks by the reward std with full minibatches and fewer optimiser steps
     (`filter.metric=reward_std`, `filter.update=fewer_steps`), the settings docs/results.md
     measured these configs with; the defaults are the paper's (variance mass, the same number of
-    optimiser steps whatever is kept), which benchmarks/reproduce.py's study compares."""
+    optimiser steps whatever is kept), which benchmarks/reproduce.py's study compares
+    (docs/method.md#where-this-project-departs-from-the-paper)."""
     c = default_config()
     c.env.name = env_name
     c.model.update(preset="tiny", init=warm_start)

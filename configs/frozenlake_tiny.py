@@ -16,7 +16,7 @@ the coordinate tokens' — then move in proportion to their gradient instead of 
 learning rate, so the noise of ≈ 15 groups of slip-randomised rewards no longer rewrites the
 reasoning's reading of the board (player cell right at the end 0.61-0.91 instead of 0.09-0.66),
 and the run gains +3.3 / +3.7 / +5.3 over 3 seeds instead of +4.5 / +0.7 / -0.1
-(docs/results.md §19). `--config.algo.adam_eps=1e-8` gives the earlier default (§13).
+(docs/results.md §19). `--config.algo.adam_eps=1e-8` gives optax's default.
 With the tiny configs' micro-batches of 8 (same loss, another float summation order) the same
 seeds gain -3.3 / +2.3 / +1.7 in about 6 minutes a run (§22): from the second stage
 FrozenLake's gain is a few points of run-to-run noise around +2.

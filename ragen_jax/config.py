@@ -1,7 +1,7 @@
 """Run configuration: every key with its default in one place, overrides, validation.
 
-A config file in configs/ defines `get_config()`, which starts from `default_config()` (SPEC
-§3–§5 defaults) and changes what it needs. The command line overrides any key with
+A config file in configs/ defines `get_config()`, which starts from `default_config()` (the
+defaults of docs/method.md) and changes what it needs. The command line overrides any key with
 `--config.section.key=value`; the value is parsed as the type of the key's default. Mistakes
 end in one `ConfigError` line naming the key, the value and what is allowed, before anything
 heavy starts (`build` turns the ConfigDict into the frozen dataclasses the code uses, and
@@ -130,7 +130,8 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
     The filter ranks by the reward std with full minibatches and fewer optimiser steps
     (`filter.metric=reward_std`, `filter.update=fewer_steps`), the settings docs/results.md
     measured these configs with; the defaults are the paper's (variance mass, the same number of
-    optimiser steps whatever is kept), which benchmarks/reproduce.py's study compares."""
+    optimiser steps whatever is kept), which benchmarks/reproduce.py's study compares
+    (docs/method.md#where-this-project-departs-from-the-paper)."""
     c = default_config()
     c.env.name = env_name
     c.model.update(preset="tiny", init=warm_start)
@@ -148,7 +149,7 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
 
 
 def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
-    """The paper's setting (SPEC §3–§4) for a local Qwen2.5 checkpoint (`model.path`, required):
+    """The paper's setting for a local Qwen2.5 checkpoint (`model.path`, required):
     8 groups × 16, 5 turns of up to 120 tokens, PPO (lr 1e-6 / 1e-5), Top-p 0.9, bfloat16
     compute with rematerialisation of each scanned layer, log-probs over the vocabulary in
     chunks, diagnostics scored 16 samples at a time, micro-batches of 8 rows. `fsdp`: shard the

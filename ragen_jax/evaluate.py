@@ -1,10 +1,10 @@
 """`python -m ragen_jax.evaluate --workdir DIR [--step N] [--episodes K] [--samples K]`
 
 Restores a training run's policy (parameters only) from its latest checkpoint or step N,
-runs validation rollouts on fixed seeds at the configured temperature (SPEC §3: 0.5), and
-prints a table. Writes DIR/eval_<step>.json (success, return, valid-action rate, pass@k and
-the MI diagnostics of the validation rollouts) and DIR/eval_<step>_trajectories.txt (a few
-trajectories as readable text). A workdir it cannot write is refused before anything is
+runs validation rollouts on fixed seeds at the configured temperature (0.5 by default,
+docs/method.md#validation), and prints a table. Writes DIR/eval_<step>.json (success, return,
+valid-action rate, pass@k and the MI diagnostics of the validation rollouts) and
+DIR/eval_<step>_trajectories.txt (a few trajectories as readable text). A workdir it cannot write is refused before anything is
 played; a damaged latest checkpoint is named and the newest one that restores is evaluated
 (a damaged `--step N` is an error); the table is printed before the files are written.
 

@@ -1,5 +1,5 @@
-"""Validation rollouts (SPEC §3): fixed seeds, `num_envs` levels × `samples_per_env` attempts,
-temperature 0.5; success, mean return, valid-action rate, pass@k.
+"""Validation rollouts (docs/method.md#validation): fixed seeds, `num_envs` levels ×
+`samples_per_env` attempts, temperature 0.5; success, mean return, valid-action rate, pass@k.
 
 Every key comes from `EvalConfig.seed` alone: the levels (reset keys) and the sampling keys
 are the same at every validation of a run and in `python -m ragen_jax.evaluate`, whatever the

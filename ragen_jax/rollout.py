@@ -1,6 +1,8 @@
-"""The multi-turn agent loop (SPEC §3) as one traceable function of static shapes.
+"""The multi-turn agent loop (docs/method.md#the-agent-loop) as one traceable function of
+static shapes.
 
-Each trajectory owns a fixed token buffer (DESIGN decision 1):
+Each trajectory owns a fixed token buffer
+(docs/architecture.md#static-shapes-slots-with-holes):
 
     [system | turn 1 obs (obs_len) | turn 1 gen (max_new_tokens) | turn 2 obs | ...]
 
@@ -41,7 +43,7 @@ from ragen_jax.text.prompt import PromptTemplate, turn_ids
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """Static rollout settings (SPEC §3 defaults, except `max_new_tokens` sized for CPU)."""
+    """Static rollout settings (defaults: docs/method.md#the-agent-loop)."""
 
     num_groups: int = 8
     group_size: int = 16

@@ -1,4 +1,4 @@
-"""Device mesh and placement rules (DESIGN decision 6).
+"""Device mesh and placement rules (docs/architecture.md#sharding-by-mesh).
 
 One mesh with axes (`data`, `fsdp`, `tensor`). Parameters carry partition specs over `fsdp`
 and `tensor` (set where each weight is declared, `models/qwen2.py`); an axis that does not

@@ -32,7 +32,8 @@ KEPT = "filter/kept_ratio"
 STEP_SECONDS = "time/step_seconds"
 ALARM = "mi/collapse_alarm"
 # The MI proxies and the entropies the MI-vs-entropy comparison pits against validation success
-# (SPEC §5; first turn and random turns of whole trajectories, and the action's grounding).
+# (docs/method.md#the-mi-diagnostics; first turn and random turns of whole trajectories, and the
+# action's grounding).
 MI_PROXIES = tuple(f"mi/{where}/{name}" for where in ("first_turn", "trajectory") for name in (
     "mi_estimate", "mi_seq_estimate", "mi_zscore", "mi_zscore_seq", "mi_zscore_ema", "retrieval_acc",
     "retrieval_above_chance")) + tuple(f"mi/{where}/{name}" for where in ("action_state", "action_reasoning")

@@ -1,16 +1,18 @@
 """One training iteration as one compiled function: `step(state) -> (state, metrics)`.
 
-In order, all inside XLA (DESIGN, "the one idea"):
+In order, all inside XLA (docs/architecture.md#one-compiled-step):
 
 1. rollout: `num_groups × group_size` multi-turn trajectories from the current policy;
-2. SNR-aware filter: score each group (by default its reward variance), keep whole groups (SPEC §4);
+2. SNR-aware filter: score each group (by default its reward variance), keep whole groups
+   (docs/method.md#the-reward-variance-filter);
 3. diagnostics (every `compute_freq` steps and at step 1): cross-scoring MI on the rollout,
-   before filtering (SPEC §5) — when a diagnostics config is given;
+   before filtering (docs/method.md#the-mi-diagnostics) — when a diagnostics config is given;
 4. advantages: GAE with the critic (PPO) or group baselines (GRPO / Dr.GRPO / DAPO);
 5. update over the kept groups only: they are moved to the front, and each optimiser step
    trains on a slice of them (`filter.update`: as many steps as an unfiltered batch on fewer
    rows each, or full minibatches and fewer steps) — loops with data-dependent bounds over
-   steps and micro-batches, so dropping groups saves update compute (DESIGN decision 4).
+   steps and micro-batches, so dropping groups saves update compute
+   (docs/architecture.md#filtering-saves-compute).
 
 The update works on the compact generated-slot view of the rollout (`ragen_jax.batch`).
 """
@@ -46,9 +48,10 @@ class StepConfig:
     filter: filtering.FilterConfig = filtering.FilterConfig()
     algo: AlgoConfig = AlgoConfig.preset("ppo")
     diagnostics: Any = None  # a diagnostics.diagnose.DiagnosticsConfig, or None for no MI metrics
-    # Gradient analysis (SPEC §5, off by default): task vs regularisation gradient norms in
-    # this many reward-std quantile buckets (the paper uses 6), on the diagnostics' schedule
-    # (step 1 and every compute_freq steps; every 5 steps without a diagnostics config).
+    # Gradient analysis (docs/method.md#the-gradient-analysis, off by default): task vs
+    # regularisation gradient norms in this many reward-std quantile buckets (the paper uses 6),
+    # on the diagnostics' schedule (step 1 and every compute_freq steps; every 5 steps without a
+    # diagnostics config).
     grad_buckets: int = 0
     # The run's length in train steps (`train.steps`): where `algo.lr_decay_fraction`'s decay ends.
     total_steps: int = 0

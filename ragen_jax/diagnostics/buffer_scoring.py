@@ -12,8 +12,8 @@ row's valid slots before `end`.
 is fed again in front of the continuation (its cached slot is masked out), so the hidden state
 that predicts the continuation's first token comes out of the same forward — no logits need to
 be kept from the prefill. Columns are processed one at a time (`lax.scan`); each row may have
-its own column list (`columns[i, c]`), which covers both the cross product of SPEC §5 and the
-per-group reasoning swaps of action grounding.
+its own column list (`columns[i, c]`), which covers both the cross product of
+docs/method.md#the-cross-scoring-matrix and the per-group reasoning swaps of action grounding.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The collapse alarm (SPEC §6): MI falls while entropy does not.
+"""The collapse alarm (docs/method.md#the-collapse-alarm): MI falls while entropy does not.
 
 Template collapse is invisible to the usual entropy monitor: the reasoning stays as varied
 token by token, it just stops depending on the input. So the alarm fires when MI-ZScore-EMA

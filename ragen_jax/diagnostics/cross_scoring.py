@@ -2,8 +2,9 @@
 
 Naively every pair is a forward over [x_j | z_i]: N·M sequences of |x|+|z| tokens. Here each
 prompt is prefilled once into a KV cache, and all M reasoning traces are then scored on top of
-that cache (DESIGN decision 5): N prefills of |x| tokens plus N·M·|z| scored tokens. Columns
-are processed one at a time (`lax.map`), so memory holds one column's M rows.
+that cache (docs/architecture.md#cross-scoring-shares-prefixes): N prefills of |x| tokens plus
+N·M·|z| scored tokens. Columns are processed one at a time (`lax.map`), so memory holds one
+column's M rows.
 
 Inputs are left-aligned: prompt j is `prompts[j]` where `prompt_mask[j]` (holes allowed, they
 are skipped); reasoning i is the first `reasoning_mask[i].sum()` tokens of `reasoning[i]`.
@@ -69,7 +70,7 @@ def reasoning_mi(
     true_column: jax.Array,
     ema: MIEmaState | None = None,
 ) -> tuple[dict[str, jax.Array], MIEmaState]:
-    """The whole diagnostic for one batch: cross-score, then every SPEC §5 metric.
+    """The whole diagnostic for one batch: cross-score, then every MI metric.
 
     Usable from any training loop: pass the N prompt columns (up to and including `<think>`),
     the M reasoning traces and which column each was sampled from; keep the returned EMA state

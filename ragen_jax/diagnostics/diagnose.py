@@ -1,11 +1,12 @@
-"""All MI diagnostics of one rollout, in one jittable call (SPEC §5 and §6).
+"""All MI diagnostics of one rollout, in one jittable call (docs/method.md#the-mi-diagnostics,
+docs/method.md#the-collapse-alarm).
 
 `diagnose(model, traj, key, config, state, group_size=...)` runs inside the train step on the
 rollout before filtering, every `compute_freq` steps and at step 1 (the caller gates it). One
 forward over the batch's buffers (`buffer_scoring.prefill_buffers`) provides the prompts of
 every pair set; each set is then cross-scored on that cache:
 
-- `mi/first_turn/*`: columns = the groups; every SPEC §5 metric, its own EMA state, plus the
+- `mi/first_turn/*`: columns = the groups; every MI metric, its own EMA state, plus the
   token-level policy entropy of the reasoning and the mean reasoning length of the samples.
 - `mi/trajectory/*`: a random turn of random trajectories, each its own column; the same.
 - `mi/turn{t}/*` (`per_turn`): I(X_t; Z_t) by turn index, `per_turn_samples` samples each.
@@ -47,7 +48,7 @@ ACTION_METRICS = ("mi_estimate", "mi_seq_estimate", "retrieval_acc", "retrieval_
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsConfig:
-    """Static diagnostics settings (SPEC §5 defaults; the rest are this package's)."""
+    """Static diagnostics settings (defaults: docs/method.md#the-mi-diagnostics)."""
 
     compute_freq: int = 5  # run every k steps, and at step 1
     num_samples: int = 64  # first-turn and trajectory samples (capped at the batch)
@@ -89,7 +90,7 @@ class DiagnosticsState:
     """What the diagnostics carry from step to step (part of the train state)."""
 
     first_turn: MIEmaState  # EMA of std(marginal), first-turn samples
-    trajectory: MIEmaState  # the same for trajectory samples (SPEC §5: separate states)
+    trajectory: MIEmaState  # the same for trajectory samples (a separate state)
     collapse: collapse.CollapseState
 
     @classmethod
@@ -123,7 +124,7 @@ def _thinking_rate(pairs):
 
 def _mi_of_set(model, cache, tokens, traj, pairs, answer_tokens, ema, with_answer=False, with_stats=True,
                scoring=Scoring()):
-    """SPEC §5 metrics of one pair set; with_stats: + reasoning entropy and length; with_answer:
+    """The MI metrics of one pair set; with_stats: + reasoning entropy and length; with_answer:
     also the answer scores under the same columns (action state dependence)."""
     s = pairs_lib.samples(traj, pairs, answer_tokens)
     cont_mask = (s.reasoning_mask | s.answer_mask) if with_answer else s.reasoning_mask

@@ -1,13 +1,14 @@
-"""Gradient analysis by reward-variance bucket: the evidence for the SNR mechanism (SPEC §1, §5).
+"""Gradient analysis by reward-variance bucket: the evidence for the SNR mechanism
+(docs/method.md#template-collapse, docs/method.md#the-gradient-analysis).
 
-Why. SPEC §1 explains template collapse by a signal-to-noise argument: the policy-gradient
+Why. Template collapse is explained by a signal-to-noise argument: the policy-gradient
 (task) term of one prompt is bounded, by Cauchy-Schwarz, by the square root of that prompt's
 reward variance, while the KL and entropy regularisers do not look at the reward at all and
 pull every prompt the same way with a roughly constant strength. On prompts whose rollouts all
 earn about the same reward, regularisation therefore dominates the update and drives every
 input towards the same template; SNR-aware filtering drops those prompts.
 
-What is measured (SPEC §5, "Gradient analysis"). Prompt groups are bucketed by the quantile
+What is measured. Prompt groups are bucketed by the quantile
 of their in-group reward std (`reward_std_buckets`). For every bucket, `gradient_norms` gives
 the global L2 norm of
 

@@ -1,4 +1,5 @@
-"""Mutual-information proxies from the in-batch cross-scoring matrix (SPEC §5).
+"""Mutual-information proxies from the in-batch cross-scoring matrix
+(docs/method.md#the-mi-diagnostics).
 
 Given reasoning samples z_i and prompt columns x_j, `L[i, j]` is the token-mean
 log-likelihood of z_i under x_j (`Ls` the token sum) and `c(i)` is the column z_i was sampled
@@ -7,10 +8,11 @@ than under the others: `matched − marginal` estimates I(X; Z) (at most log N),
 retrieving the true column from a row is above chance. When the agent's reasoning collapses
 into an input-agnostic template, every column scores a row alike: MI → 0, retrieval → chance.
 
-Exact rules (SPEC §5): std(marginal) is the population std; an EMA (decay 0.9, initialised to
-the first value) of it blends the current value in before use, with separate states for the
-token-mean and token-sum versions; retrieval ties go to the lower column; columns with
-identical prompt tokens are equivalent; samples with empty reasoning are left out.
+Exact rules (docs/method.md#mi-estimates-retrieval-and-entropies): std(marginal) is the
+population std; an EMA (decay 0.9, initialised to the first value) of it blends the current
+value in before use, with separate states for the token-mean and token-sum versions;
+retrieval ties go to the lower column; columns with identical prompt tokens are equivalent;
+samples with empty reasoning are left out.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def mi_metrics(
     valid: jax.Array,
     ema: MIEmaState,
 ) -> tuple[dict[str, jax.Array], MIEmaState]:
-    """All SPEC §5 matrix metrics.
+    """All the matrix metrics of docs/method.md#mi-estimates-retrieval-and-entropies.
 
     scores, scores_sum: f32[M, N] (L and Ls); true_column: int[M]; equivalent: bool[N, N];
     valid: bool[M] (non-empty reasoning). Returns (metrics, updated EMA state); with no valid

@@ -1,4 +1,4 @@
-"""The (x, z) pair sets of SPEC §5/§6, located in a rollout's token buffer.
+"""The (x, z) pair sets of docs/method.md#pairs, located in a rollout's token buffer.
 
 A rollout row is one fixed buffer `[system | turn 1 obs | turn 1 gen | turn 2 obs | ...]`
 (`Trajectories`); turn t's generation starts at the static slot `turn_offsets[t]`. For a
@@ -27,8 +27,8 @@ Sampling (decisions, see docs/architecture.md):
   `num_samples` trajectories are active at t, the drawn ones are repeated (cycled) to fill the
   static shape: the repeats are flagged `drawn=False` (never scored as rows), but stay as
   columns — identical prompts, so they count as one equivalent column for retrieval, and the
-  marginal over columns weighs each real sample about equally (SPEC: duplicates are included
-  in the marginal). No trajectory active at t: every row invalid, metrics 0.
+  marginal over columns weighs each real sample about equally (the marginal runs over all
+  columns, duplicates included). No trajectory active at t: every row invalid, metrics 0.
 """
 
 from __future__ import annotations

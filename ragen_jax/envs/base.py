@@ -93,7 +93,7 @@ class Environment:
 
         Space-separated cells make every cell its own pre-token under Qwen2's
         pre-tokenizer, which is what lets the in-graph codec reproduce
-        `tokenizer.encode(text)` piece by piece (DESIGN decision 2).
+        `tokenizer.encode(text)` piece by piece (docs/architecture.md#text-in-the-graph).
         """
         grid = np.asarray(jax.device_get(self.symbol_grid(state, params)))
         return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)

@@ -6,7 +6,7 @@ reference environment array for array:
     room_fixed: 0 wall, 1 floor, 2 target                    (what never moves)
     room_state: 0 wall, 1 floor, 2 empty target, 3 box on target, 4 box, 5 player
 
-Level generation follows gym-sokoban's three stages (SPEC §2):
+Level generation follows gym-sokoban's three stages (docs/method.md#sokoban):
 1. topology: a random walk of `num_gen_steps` steps stamping 3×3 floor masks;
 2. placement: the player and `num_boxes` targets on distinct random floor cells, every box
    starting on its own target (the solved state);

@@ -1,6 +1,7 @@
 """Qwen2 decoder in Flax NNX, numerically matching Hugging Face `Qwen2ForCausalLM`.
 
-The model works on a fixed token buffer with *holes* (DESIGN decision 1): every call takes
+The model works on a fixed token buffer with *holes*
+(docs/architecture.md#static-shapes-slots-with-holes): every call takes
 token ids, per-token RoPE positions and a validity mask. A query slot attends to every valid
 key slot at or before it, so masked slots in the middle of a sequence are invisible and the
 model sees exactly the contiguous text. The same rule drives the KV cache: a chunk written at

@@ -1,6 +1,7 @@
 """KV-cache sampling with static shapes: prefill a chunk, decode n steps, generate.
 
-Everything works on a preallocated `KVCache` whose slots may hold holes (DESIGN decision 1).
+Everything works on a preallocated `KVCache` whose slots may hold holes
+(docs/architecture.md#static-shapes-slots-with-holes).
 Each call writes at a given slot offset, so the rollout can interleave "prefill the
 observation at t" and "decode the answer from t'" on one cache, inside one jitted step.
 RoPE positions come from the cache: a new token's position is the number of valid slots

@@ -1,4 +1,5 @@
-"""Advantage estimators (SPEC §4): GAE with a critic, GRPO and Dr.GRPO group baselines.
+"""Advantage estimators (docs/method.md#advantages): GAE with a critic, GRPO and Dr.GRPO group
+baselines.
 
 Token layout: every trajectory is one row of a token buffer, `mask` marks the generated
 (assistant) tokens, and the episode reward sits on the last generated token. Observation and

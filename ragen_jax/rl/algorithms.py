@@ -1,4 +1,4 @@
-"""The four update recipes of SPEC §4 as presets of one frozen config.
+"""The four update recipes of docs/method.md#the-algorithms as presets of one frozen config.
 
 | algo    | advantage                         | loss aggregation    | clip (low/high) | critic |
 | ------- | --------------------------------- | ------------------- | --------------- | ------ |

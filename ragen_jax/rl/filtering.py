@@ -1,4 +1,5 @@
-"""SNR-aware filtering: keep the rollout groups whose rewards vary, drop the rest (SPEC §4).
+"""SNR-aware filtering: keep the rollout groups whose rewards vary, drop the rest
+(docs/method.md#the-reward-variance-filter).
 
 A group whose trajectories all earn the same reward carries no policy-gradient signal (its
 group-relative advantages are zero) but still costs a full update; its in-group reward
@@ -67,8 +68,8 @@ class FilterConfig:
     prob_mode: str = "linear"
     include_zero: bool = True
     loss_scaling: str = "none"
-    # Beyond the paper (SPEC §6): keep each dropped group with this probability anyway, so a
-    # collapsed prompt set still gets some gradient and can recover.
+    # Beyond the paper (docs/method.md#bootstrapping): keep each dropped group with this
+    # probability anyway, so a collapsed prompt set still gets some gradient and can recover.
     bootstrap_fraction: float = 0.0
     ddof: int = 1  # reward_var / reward_std: divide the squared deviations by group_size - ddof
     update: str = "paper"
@@ -193,7 +194,8 @@ def select_groups(config: FilterConfig, scores: jax.Array) -> jax.Array:
 
 
 def bootstrap(config: FilterConfig, key: jax.Array, keep: jax.Array) -> jax.Array:
-    """Also keep each dropped group with probability `bootstrap_fraction` (SPEC §6)."""
+    """Also keep each dropped group with probability `bootstrap_fraction`
+    (docs/method.md#bootstrapping)."""
     if config.bootstrap_fraction == 0.0:
         return keep
     return keep | jax.random.bernoulli(key, config.bootstrap_fraction, keep.shape)

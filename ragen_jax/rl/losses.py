@@ -1,4 +1,5 @@
-"""Policy, value, KL and entropy losses with the aggregation modes of SPEC §4.
+"""Policy, value, KL and entropy losses with the aggregation modes of
+docs/method.md#policy-loss-clipping-and-aggregation.
 
 All inputs are token-level [B, T] arrays with `mask` marking the generated tokens that get
 loss; every function returns a scalar (and the clip fraction where it is logged).

@@ -1,4 +1,4 @@
-"""SPEC §3's answer parser on host text, with Python's `re`.
+"""The answer parser (docs/method.md#parsing-the-answer) on host text, with Python's `re`.
 
 For host-side loops (the RAGEN-style baseline in benchmarks/, checks on decoded text) and as
 the plain reference the in-graph `codec.parse_answer` is compared with in tests.

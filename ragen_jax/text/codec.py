@@ -1,10 +1,12 @@
-"""The tokenizer compiled into tables, so text lives inside the jitted graph (DESIGN decision 2).
+"""The tokenizer compiled into tables, so text lives inside the jitted graph
+(docs/architecture.md#text-in-the-graph).
 
 `TextCodec.build(tokenizer, env, max_actions_per_turn)` runs once on the host. In JAX:
 
 - `render_observation(codec, grid)`: board token ids = gathered per-cell pieces, packed;
 - `detokenize(codec, ids, mask)`: the UTF-8 bytes of generated tokens, packed;
-- `parse_answer(codec, text, length)`: SPEC §3's regex, split, strip and action lookup on bytes;
+- `parse_answer(codec, text, length)`: the answer regex, split, strip and action lookup on
+  bytes (docs/method.md#parsing-the-answer);
 - `ends_with_answer_close(codec, tokens, lengths)`: the decode loop's `stop_fn`.
 
 Board pieces. Under Qwen2's pre-tokenizer regex every space-separated cell is its own
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-THINK_PREFIX = "<think>"  # SPEC §3: generation starts after it; the parser sees it again
+THINK_PREFIX = "<think>"  # ends the prompt (docs/method.md#the-prompt); the parser reads it again
 THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>"
 ANSWER_OPEN, ANSWER_CLOSE = b"<answer>", b"</answer>"
 ACTION_SEP = b"||"
@@ -220,7 +222,8 @@ def detokenize(codec: TextCodec, ids: jax.Array, mask: jax.Array):
 
 
 def reasoning_length(codec: TextCodec, ids: jax.Array, mask: jax.Array, detokenized=None) -> jax.Array:
-    """How many generated tokens come before the first `</think>`: the reasoning z of SPEC §5.
+    """How many generated tokens come before the first `</think>`: the reasoning z
+    (docs/method.md#pairs).
 
     ids [n] are one turn's generated tokens (valid where `mask`, left-aligned); the prompt
     already ended with `<think>`. The token holding the start of `</think>` is not reasoning.
@@ -286,8 +289,9 @@ def _skip_whitespace(size: jax.Array) -> jax.Array:
 
 
 def _answer_span(text: jax.Array, length, prefix: str):
-    """SPEC §3's regex on `prefix` + text[:length]: (the prefixed bytes, start and end of the
-    answer group, which bytes belong to whitespace characters). end = len(bytes): no match."""
+    """The answer regex (docs/method.md#parsing-the-answer) on `prefix` + text[:length]: (the
+    prefixed bytes, start and end of the answer group, which bytes belong to whitespace
+    characters). end = len(bytes): no match."""
     if prefix:
         prefix_bytes = jnp.asarray(np.frombuffer(prefix.encode(), np.uint8))
         text = jnp.concatenate([prefix_bytes, text.astype(jnp.uint8)])
@@ -312,7 +316,7 @@ def _answer_span(text: jax.Array, length, prefix: str):
 
 
 def answer_text(text: jax.Array, length, width: int, prefix: str = THINK_PREFIX):
-    """The answer group of SPEC §3's regex, for environments that read the answer as text
+    """The answer group of the answer regex, for environments that read the answer as text
     (Countdown, QA): (bytes uint8[width], length, ok).
 
     With the regex of `parse_answer`, `m.group(2).encode()` is bytes[:length]; ok is False
@@ -329,12 +333,13 @@ def answer_text(text: jax.Array, length, width: int, prefix: str = THINK_PREFIX)
 
 
 def parse_answer(codec: TextCodec, text: jax.Array, length, prefix: str = THINK_PREFIX):
-    """SPEC §3's parser on the bytes of one generation: (actions int32[M], num_actions, format_ok).
+    """The answer parser (docs/method.md#parsing-the-answer) on the bytes of one generation:
+    (actions int32[M], num_actions, format_ok).
 
     The parsed text is `prefix` + text[:length]; with the default the generation is read
-    after the `<think>` the prompt ended with, as SPEC §3 has it; pass prefix="" for text that
-    carries its own. The result is what this Python gives on that text decoded as UTF-8
-    with errors="replace" (the tests compare against it):
+    after the `<think>` the prompt ended with; pass prefix="" for text that carries its own.
+    The result is what this Python gives on that text decoded as UTF-8 with errors="replace"
+    (the tests compare against it):
 
         m = re.search(r"<think>(.*?)</think>\\s*<answer>(.*?)</answer>", text, re.DOTALL)
         parts = [p.strip() for p in m.group(2).split("||")] if m else []
@@ -342,12 +347,12 @@ def parse_answer(codec: TextCodec, text: jax.Array, length, prefix: str = THINK_
         ids = [1 + lowered_names.index(p.lower()) if p.lower() in lowered_names else 0 for p in parts]
         format_ok = bool(ids) and 0 not in ids
 
-    Interpretation of SPEC §3 ("no match or an unknown action -> format penalty, no env
-    step"): empty parts (as in "Up ||") are not actions and are dropped, as RAGEN does; the
-    first `max_actions_per_turn` parts are kept and the rest ignored unread; the turn is
-    invalid (format_ok False: the caller applies the penalty and steps nothing) when the
-    regex does not match, no action remains, or any kept action is unknown. Then actions
-    are all 0 and num_actions 0; otherwise actions holds the 1-based ids then 0 padding.
+    Where the regex leaves a choice: empty parts (as in "Up ||") are not actions and are
+    dropped, as RAGEN does; the first `max_actions_per_turn` parts are kept and the rest
+    ignored unread; the turn is invalid (format_ok False: the caller applies the penalty and
+    steps nothing) when the regex does not match, no action remains, or any kept action is
+    unknown. Then actions are all 0 and num_actions 0; otherwise actions holds the 1-based ids
+    then 0 padding.
     Case-insensitivity is ASCII's: Python's lower() also maps U+212A KELVIN SIGN to "k",
     which matters only for action names containing a k (none do).
     """

@@ -1,12 +1,14 @@
-"""SPEC §3's prompt as host-side text, and as token ids a jitted rollout assembles turns from.
+"""The prompt (docs/method.md#the-prompt) as host-side text, and as token ids a jitted rollout
+assembles turns from.
 
-A trajectory's buffer is [system | turn 1 obs | turn 1 gen | turn 2 obs | ...] (DESIGN
-decision 1). `PromptTemplate.system_text()` is the system segment (the chat-wrapped system
-message, up to where the first user content starts); `observation_text(turn, ...)` is a
-turn's observation segment: the end of the previous assistant message and the start of the
-user message (turns > 1), `Reward:\\n{r}\\n` and the warning line (turns > 1), the SPEC's user
-content, then the generation prompt and the `<think>` prefix. The text of the whole
-conversation is the tokenizer's chat template over those messages plus `<think>`.
+A trajectory's buffer is [system | turn 1 obs | turn 1 gen | turn 2 obs | ...]
+(docs/architecture.md#static-shapes-slots-with-holes). `PromptTemplate.system_text()` is the
+system segment (the chat-wrapped system message, up to where the first user content starts);
+`observation_text(turn, ...)` is a turn's observation segment: the end of the previous
+assistant message and the start of the user message (turns > 1), `Reward:\\n{r}\\n` and the
+warning line (turns > 1), the user content, then the generation prompt and the `<think>`
+prefix. The text of the whole conversation is the tokenizer's chat template over those
+messages plus `<think>`.
 
 The observation of a later turn starts by closing the assistant message (Qwen2:
 `<|im_end|>`). When the generation already ended with that token (decode stops on eos), pass

@@ -12,9 +12,10 @@ f32 = np.float32
 
 
 def reference(steps, drop, tolerance, below=np.inf):
-    """SPEC §6 read literally: alarm when MI-ZScore-EMA is at least `drop` of its running peak
-    below that peak while the entropy is within `tolerance` (relative) of its value at the peak
-    (and, when an absolute level `below` is given, MI-ZScore-EMA is under it)."""
+    """docs/method.md#the-collapse-alarm read literally: alarm when MI-ZScore-EMA is at least
+    `drop` of its running peak below that peak while the entropy is within `tolerance`
+    (relative) of its value at the peak (and, when an absolute level `below` is given,
+    MI-ZScore-EMA is under it)."""
     peak = entropy_at_peak = None
     alarms = []
     for mi, entropy, observed in steps:

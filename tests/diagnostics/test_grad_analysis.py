@@ -1,4 +1,4 @@
-"""Gradient analysis by reward-std bucket (SPEC §1 mechanism, §5 "Gradient analysis").
+"""Gradient analysis by reward-std bucket (docs/method.md#the-gradient-analysis).
 
 The bucket rule against NumPy, the per-bucket gradient norms against jax.grad of the loss
 written out on a batch sliced to the bucket's rows, and the mechanism itself on the tiny
@@ -228,9 +228,10 @@ def mechanism(trajectories, norms_fn):
 
 
 def test_task_norm_grows_with_reward_std_while_regularisation_stays_flat(mechanism):
-    """SPEC §1. Under Dr.GRPO advantages (R − group mean: the reward's scale kept) the
-    task-gradient norm grows with the bucket's reward std and is 0 at std 0; the KL + entropy
-    gradient norm does not look at the rewards and stays flat."""
+    """The mechanism of docs/method.md#template-collapse. Under Dr.GRPO advantages (R − group
+    mean: the reward's scale kept) the task-gradient norm grows with the bucket's reward std
+    and is 0 at std 0; the KL + entropy gradient norm does not look at the rewards and stays
+    flat."""
     buckets, norms = mechanism
     np.testing.assert_array_equal(buckets, SHUFFLE)  # bucket = rank of the std
     drgrpo = norms["drgrpo"]

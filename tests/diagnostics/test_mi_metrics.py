@@ -1,4 +1,5 @@
-"""MI proxies against a plain NumPy reading of SPEC §5, plus the known limiting cases."""
+"""MI proxies against a plain NumPy reading of
+docs/method.md#mi-estimates-retrieval-and-entropies, plus the known limiting cases."""
 
 import math
 
@@ -19,7 +20,8 @@ def logsumexp(row):
 
 
 def reference(L, Ls, col, equiv, valid, ema):
-    """SPEC §5 with Python loops. ema = (std, std_seq, initialised)."""
+    """docs/method.md#mi-estimates-retrieval-and-entropies with Python loops.
+    ema = (std, std_seq, initialised)."""
     rows = [i for i in range(len(L)) if valid[i]]
     if not rows:
         return None, ema

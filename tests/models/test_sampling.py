@@ -87,7 +87,8 @@ def test_greedy_stops_at_eos_like_transformers(untied, prompts, greedy_ours):
 
 def test_decode_logprobs_equal_full_forward(untied, prompts):
     """Log-probs recorded while sampling (through the cache) equal a training-style full
-    forward over the same buffer, holes included (DESIGN decision 1)."""
+    forward over the same buffer, holes included
+    (docs/architecture.md#static-shapes-slots-with-holes)."""
     model = untied[1]
     ids, mask = (jnp.asarray(x) for x in prompts)
     params = sampling.SamplingParams(temperature=0.7, top_k=50)

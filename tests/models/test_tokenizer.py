@@ -41,7 +41,7 @@ def test_pre_tokenizer_is_qwen2s(raw):
 
 def test_board_cells_are_their_own_pre_tokens(raw):
     pieces = [p for p, _ in raw.pre_tokenizer.pre_tokenize_str("# # #\n# P _")]
-    assert pieces == ["#", "Ġ#", "Ġ#Ċ", "#", "ĠP", "Ġ_"]  # DESIGN decision 2
+    assert pieces == ["#", "Ġ#", "Ġ#Ċ", "#", "ĠP", "Ġ_"]  # docs/architecture.md#text-in-the-graph
 
 
 SYMBOLS = ["#", "_", "O", "X", "√", "P", "S", "G"]

@@ -1,4 +1,5 @@
-"""SNR-aware filtering against a plain NumPy/Python reading of SPEC §4, on random scores."""
+"""SNR-aware filtering against a plain NumPy/Python reading of
+docs/method.md#strategies-and-tie-rules, on random scores."""
 
 import math
 
@@ -16,7 +17,8 @@ NUM_GROUPS = 8
 
 
 def reference_select(scores, strategy, rho, prob_mode="linear", include_zero=True):
-    """SPEC §4 as a loop over Python floats: the list of kept group indices."""
+    """docs/method.md#strategies-and-tie-rules as a loop over Python floats: the list of kept
+    group indices."""
     groups = [g for g in range(len(scores)) if include_zero or abs(scores[g]) > 1e-10]
     if strategy == "none":
         return set(groups)

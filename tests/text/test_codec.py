@@ -75,7 +75,8 @@ def test_render_equals_env_render_text_on_real_states(builtin_tokenizer, codecs)
 
 
 def test_punctuation_cells_swallow_the_newline(builtin_tokenizer, codecs):
-    """DESIGN decision 2, as the piece table records it: ` #\\n` is one token, ` P\\n` two."""
+    """docs/architecture.md#text-in-the-graph, as the piece table records it: ` #\\n` is one
+    token, ` P\\n` two."""
     codec = codecs(builtin_tokenizer, "SimpleSokoban")
     wall, player = codec.symbols.index("#"), codec.symbols.index("P")
     lens = np.asarray(codec.piece_lens)
@@ -149,7 +150,7 @@ PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL
 
 
 def reference_parse(data: bytes, names, max_actions, prefix="<think>"):
-    """SPEC §3 in plain Python, on the text the generation decodes to."""
+    """docs/method.md#parsing-the-answer in plain Python, on the text the generation decodes to."""
     text = (prefix.encode() + data).decode("utf-8", errors="replace")
     match = PATTERN.search(text)
     parts = [p.strip() for p in match.group(2).split("||")] if match else []

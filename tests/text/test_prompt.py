@@ -1,4 +1,5 @@
-"""The prompt: SPEC §3's text, the chat template, and in-graph assembly == tokenizer.encode."""
+"""The prompt: the text of docs/method.md#the-prompt, the chat template, and in-graph assembly
+== tokenizer.encode."""
 
 import copy
 

@@ -9,8 +9,8 @@ starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see 
 warm-up-stable-decay without the warm-up). The run takes about 10 minutes on a 2-core CPU
 (`python -m ragen_jax.train` gives it one jax device per core, `ragen_jax/host_devices.py`)
 and raises validation success from 0.330 to 0.44-0.46: +11.2 / +12.8 / +12.4 points over 3
-seeds (docs/results.md §28; +13.2 / +12.0 / +12.9 in §27 before a float-order change; on one
-device, 14-15 minutes: +12.3 / +12.5 / +12.9, §26). At a
+seeds (docs/tuning.md, "The default runs"; +13.2 / +12.0 / +12.9 before a float-order change;
+on one device, 14-15 minutes: +12.3 / +12.5 / +12.9, "Run-to-run noise"). At a
 constant rate on one device the same seeds gain +8.3 / +9.1 / +10.6 in 300
 steps (the default until the twenty-third session) and +12.1 / +11.2 / +11.3 in 400: most of
 the margin is the extra steps; the falling rate adds about a point and ends the seeds closer

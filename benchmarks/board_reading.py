@@ -20,7 +20,8 @@ the reasoning's plan is better than the action actually taken.
 On FrozenLake it also replays the levels on the same lake without slips (`success_rate` 1),
 `--samples` attempts each: what is left of the failures is the policy's own walking into
 holes or wasting moves, the part of the gap to the best possible policy that RL has to remove
-by changing choices rather than by luck (docs/results.md §16).
+by changing choices rather than by luck (docs/tuning.md, "FrozenLake: the second stage and where
+it fails").
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ rollout keys) from the initial policy (`model.init`) or a workdir's latest check
 reports what GRPO can learn from: success, the share of turns with a valid answer, and the share
 of groups whose samples choose a different first move, different first-turn moves, and reach
 different successes. A group whose members all take the same moves teaches only the env's
-noise; a hotter sampling that breaks the answer's format teaches the format (docs/results.md §20).
+noise; a hotter sampling that breaks the answer's format teaches the format (docs/tuning.md,
+"Levers on FrozenLake").
 """
 
 from __future__ import annotations

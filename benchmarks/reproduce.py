@@ -32,7 +32,7 @@ optimiser steps per RL step whatever is kept, `filter.update=paper`):
 - gradients: Sokoban, GRPO and PPO, no filter, entropy coefficient / KL coefficient 0.001 / 0.01
   and 0.01 / 0.1, 50 steps, the gradient analysis (6 buckets) at step 1 and every 5 steps:
   11 measurements × 32 groups, ≈ 58 groups per bucket and run.
-- recorded: the 40-step study recorded in docs/results.md §10/§10c, as it ran then.
+- recorded: the 40-step study recorded in docs/results.md ("The recorded study"), as it ran then.
 
 Every run is an ordinary `ragen_jax.train` run in `<out>/<env>/<arm>/seed<k>` (metrics.jsonl,
 checkpoints every 10 steps), so a stopped study resumes where it stopped: finished runs are
@@ -74,7 +74,7 @@ NOISE_RATES = ("1", "0.9", "0.8", "0.6", "1/3")
 REGULARISATION = ("0.001:0.01", "0.01:0.1")  # entropy coefficient : KL coefficient
 GRADIENT_STEPS = 50
 SEEDS = {"main": [0, 1, 2, 3, 4], "noise": [0, 1, 2], "gradients": [0], "recorded": [0, 1, 2]}
-# The recorded 40-step study (docs/results.md §10, §10c) ran on the tiny defaults of its time:
+# The recorded 40-step study (docs/results.md, "The recorded study") ran on the tiny defaults of its time:
 # 16 groups × 8 with the entropy bonus, optax's Adam ε, a constant rate, these warm starts, Top-k
 # keeping a quarter of the groups, Top-p on the reward std, full minibatches and fewer steps.
 STUDY_BASE = {"rollout.num_groups": "16", "rollout.group_size": "8", "algo.entropy_coef": "0.001",
@@ -293,9 +293,9 @@ def gradients_part(args) -> None:
 
 
 def recorded_part(args) -> None:
-    """The 40-step study of docs/results.md §10/§10c as it ran: its base settings and warm starts,
-    Top-p on the reward std, Top-k keeping a quarter of the groups, fewer optimiser steps when
-    fewer groups are kept, the gradient analysis on, validation on 128 levels × 2 every 10 steps."""
+    """The 40-step study of docs/results.md ("The recorded study") as it ran: its base settings and
+    warm starts, Top-p on the reward std, Top-k keeping a quarter of the groups, fewer optimiser
+    steps when fewer groups are kept, the gradient analysis on, validation on 128 levels × 2 every 10 steps."""
     val = {"train.val_every": str(args.val_every or 10), "eval.num_envs": str(args.eval_episodes or 128),
            "eval.samples_per_env": str(args.eval_samples or 2)}
     for env in args.envs:
@@ -610,7 +610,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         else:
             p.add_argument("--part", choices=["all", *PARTS], default="all",
                            help="all: main, noise and gradients in turn; recorded: the 40-step study of "
-                                "docs/results.md §10 as it ran")
+                                "docs/results.md as it ran")
             p.add_argument("--envs", nargs="+", choices=sorted(CONFIGS), default=None,
                            help="default: the part's (main: both; noise: frozenlake; gradients: sokoban)")
             p.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -626,7 +626,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--steps", type=int, default=0, help="0: the config's (study: gradients 50, recorded 40)")
         # learn and study: the config's validation (128 levels × 8 samples; one sample per level
-        # has a standard error of ~0.04, docs/results.md §5), study every 50 / 20 steps
+        # has a standard error of ~0.04, docs/tuning.md), study every 50 / 20 steps
         p.add_argument("--val-every", type=int, default=None)
         p.add_argument("--eval-episodes", type=int, default=None)
         p.add_argument("--eval-samples", type=int, default=None,

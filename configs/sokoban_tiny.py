@@ -9,9 +9,9 @@ starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see 
 warm-up-stable-decay without the warm-up). The run takes about 10 minutes on a 2-core CPU
 (`python -m ragen_jax.train` gives it one jax device per core, `ragen_jax/host_devices.py`)
 and raises validation success from 0.330 to 0.44-0.46: +11.2 / +12.8 / +12.4 points over 3
-seeds (docs/results.md §28). Why 400 steps and a falling rate: at a constant rate on one
+seeds (docs/tuning.md, "The default runs"). Why 400 steps and a falling rate: at a constant rate on one
 device the same seeds gain +8.3 / +9.1 / +10.6 in 300 steps and +12.1 / +11.2 / +11.3 in 400
-(docs/results.md §25-§26), so most of the margin is the extra steps; the falling rate adds
+(docs/tuning.md, "Run-to-run noise"), so most of the margin is the extra steps; the falling rate adds
 about a point and ends the seeds closer together. `--config.algo.lr_decay_fraction=0` keeps
 the rate constant."""
 

@@ -118,7 +118,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.ConfigDict:
     """The built-in tiny model on `env_name`, sized for a laptop CPU and set to learn from the
-    shipped warm starts within ~20 minutes (docs/results.md §5–§12, §22): GRPO (no critic to
+    shipped warm starts within ~20 minutes (docs/tuning.md, "What the defaults do and why"): GRPO (no critic to
     fit first) without an entropy bonus, 32 groups × 4, rollouts at the validation temperature
     0.5, a format penalty of −1.0 (at −0.1 a broken answer costs less than a useless move, and
     group-relative advantages slowly reward breaking the format), one Adam step per 64 rows
@@ -128,7 +128,7 @@ def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.Confi
     (`model.init`), e.g. a shipped `builtin:<name>`.
 
     The filter ranks by the reward std with full minibatches and fewer optimiser steps
-    (`filter.metric=reward_std`, `filter.update=fewer_steps`), the settings docs/results.md
+    (`filter.metric=reward_std`, `filter.update=fewer_steps`), the settings docs/tuning.md
     measured these configs with; the defaults are the paper's (variance mass, the same number of
     optimiser steps whatever is kept), which benchmarks/reproduce.py's study compares
     (docs/method.md#where-this-project-departs-from-the-paper)."""

@@ -3,14 +3,14 @@
 The built-in tasks' warm start (`ragen_jax.sft`) reasons in a fixed template: "Player (r, c),
 ... I move A then B." The MI diagnostics say whether the reasoning depends on the board; they
 cannot say whether it is *right* about it (wrong coordinates still depend on the board,
-docs/results.md §11). For turns that follow the template this module checks, on the host and
-against the text of the board the turn was shown:
+docs/results.md, "What RL does to the reasoning"). For turns that follow the template this
+module checks, on the host and against the text of the board the turn was shown:
 
 - `player_stated`: share of turns that state the player's cell;
 - `player_right`: of those, share whose cell is the board's `P` (or `S`, player on target);
 - `player_top_share`: of those, share naming the most often named cell — near the boards' own
   spread while the reasoning reads the board, near 1 when it has become a fixed string whatever
-  the board (the paper's template collapse, seen in the coordinates: docs/results.md §13);
+  the board (the paper's template collapse, seen in the coordinates: docs/results.md, "The collapse signature");
 - `answer_repeats_reasoning`: of the turns that name moves, share whose answer gives the same
   moves (the environment acts on the answer only);
 - FrozenLake only, when the reasoning names the moves that would step into a hole ("holes:

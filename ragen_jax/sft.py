@@ -86,7 +86,7 @@ def reasoning(env, state, names: list[str], name_holes: bool = False) -> str:
     if not name_holes:
         return f"Player {player}, goal {goal}. I move {moves}."
     # without them the fitted policy walks into a hole in 30% of slip-free episodes, with them
-    # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/results.md §17)
+    # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/tuning.md, naming the holes)
     holes = ", ".join(moves_into_holes(state.holes, player)) or "none"
     return f"Player {player}, goal {goal}, holes: {holes}. I move {moves}."
 
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
     parser.add_argument("--name-holes", action="store_true", help="FrozenLake: the reasoning also names the "
-                        "moves that would step into a hole (docs/results.md §17)")
+                        "moves that would step into a hole (docs/tuning.md, naming the holes)")
     parser.add_argument("--init", default="", help="continue from these weights (a workdir, a Hugging Face "
                         "directory or builtin:<name>) instead of random ones")
     parser.add_argument("--export", default="", help="also write a Hugging Face directory here")

@@ -11,8 +11,9 @@ entropy has not fallen by more than `entropy_tolerance` (relative) from its valu
 
 `below` is an optional absolute level (default inf: the relative rule alone;
 `diagnostics.alarm_below`, where 0 means no level). A long healthy
-run can lose half of an early, very high peak and still read the input well (docs/results.md
-§9: 20.9 → EMA 9.1 with retrieval 0.88, against ≈ 1 and retrieval 0.5 in a real collapse);
+run can lose half of an early, very high peak and still read the input well (docs/results.md,
+"The collapse signature": 20.9 → EMA 9.1 with retrieval 0.88, against ≈ 1 and retrieval 0.5 in a
+real collapse);
 `below` keeps such runs quiet.
 
 A falling entropy alongside falling MI is ordinary convergence (the policy got sure of

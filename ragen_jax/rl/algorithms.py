@@ -140,7 +140,7 @@ def lr_decay_factor(step: jax.Array, total_steps: int, fraction: float) -> jax.A
     (total_steps − step) / D, falling linearly to 1/D in the last step (warm-up-stable-decay).
     A constant rate leaves the policy bouncing around where RL has taken it; letting the rate
     fall settles it (Sokoban, 3 seeds: +11.2 to +12.1 points at a constant rate, +12.3 to
-    +12.9 with the last 150 of 400 steps falling, docs/results.md §26). A
+    +12.9 with the last 150 of 400 steps falling, docs/tuning.md). A
     multiplier of the whole update, applied per train step and not per optimiser update, so it
     needs no optimiser state and the decay does not depend on how many minibatches the filter
     leaves."""
@@ -156,7 +156,7 @@ def optimizer(lr: float, config: AlgoConfig) -> optax.GradientTransformation:
     With `lr_warmup` > 0 the rate rises linearly from 0 over that many optimiser updates: Adam's
     first updates move every parameter by about the full rate whatever its gradient (the
     second-moment estimate rests on one or two gradients), which at lr 2e-4 costs the tiny
-    warm starts their success in the first ~10 RL steps (docs/results.md §9). Without a warm-up
+    warm starts their success in the first ~10 RL steps (docs/tuning.md, "Levers on Sokoban"). Without a warm-up
     the rate is a constant, so the optimiser state keeps its layout and older checkpoints resume.
 
     `adam_eps` is Adam's denominator floor (optax's 1e-8 by default): a parameter whose gradient

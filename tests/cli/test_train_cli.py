@@ -220,8 +220,8 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
 
 
 def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
-    """FrozenLake's default Adam eps (docs/results.md §19) reaches the step; the study's base
-    restores optax's 1e-8 and the warm start it ran from (§25) so its recorded arms (§10c)
+    """FrozenLake's default Adam eps (docs/tuning.md) reaches the step; the study's base
+    restores optax's 1e-8 and the warm start it ran from so its recorded arms (docs/results.md)
     reproduce."""
     from ragen_jax import config as config_lib
 
@@ -234,9 +234,9 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
 
 
 def test_sokoban_default_decays_its_rate_and_the_study_does_not():
-    """The Sokoban default's last 150 of 400 steps run at a falling rate (docs/results.md §26);
-    the decay follows a shorter `train.steps`, and the study, which ran at a constant rate
-    (§10), keeps it."""
+    """The Sokoban default's last 150 of 400 steps run at a falling rate (docs/tuning.md);
+    the decay follows a shorter `train.steps`, and the recorded study, which ran at a constant
+    rate (docs/results.md), keeps it."""
     from ragen_jax import config as config_lib
 
     config = config_lib.load_config_file(CONFIG)

@@ -113,6 +113,30 @@ def set_overrides(items: list[str], error) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+
+def config_command(description: str, steps: int) -> argparse.ArgumentParser:
+    """A parser for benchmarks that time one config: `--config`, `--steps` (timed steps after
+    the first, default `steps`) and `--set KEY=VALUE` overrides."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "sokoban_tiny.py"))
+    parser.add_argument("--steps", type=int, default=steps, help=f"timed steps after the first (default {steps})")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return parser
+
+
+def command_config(parser: argparse.ArgumentParser, args, extra: dict[str, str] | None = None):
+    """The config of a `config_command`'s arguments (plus `extra` overrides); a bad value ends the
+    command with one line (exit 2)."""
+    from ragen_jax import config as config_lib
+
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} must be >= 1")
+    overrides = {**set_overrides(args.set, parser.error), **(extra or {})}
+    try:
+        return config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
+    except (config_lib.ConfigError, ValueError) as err:
+        parser.error(str(err).splitlines()[0])
+
 def finished(workdir: Path, steps: int) -> bool:
     path = workdir / "metrics.jsonl"
     if not path.exists():

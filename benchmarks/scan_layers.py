@@ -11,7 +11,6 @@ compare the ratio, not the seconds across runs.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -45,26 +44,16 @@ def measure(config, steps: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "sokoban_tiny.py"))
-    parser.add_argument("--steps", type=int, default=4, help="timed steps after the first (default 4)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps={args.steps} must be >= 1")
-
     import reproduce
 
-    from ragen_jax import config as config_lib
-
-    overrides = reproduce.set_overrides(args.set, parser.error)
+    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=4)
+    args = parser.parse_args(argv)
     results = {}
     for layout, scan in (("unrolled", "false"), ("scanned", "true")):
+        config = reproduce.command_config(parser, args, {"model.scan_layers": scan})
         try:
-            config = config_lib.apply_overrides(config_lib.load_config_file(args.config),
-                                                {**overrides, "model.scan_layers": scan})
             results[layout] = measure(config, args.steps)
-        except (config_lib.ConfigError, ValueError) as err:
+        except ValueError as err:
             parser.error(str(err).splitlines()[0])
     print(f"{'layers':10s} {'compile s':>10s} {'first step s':>13s} {'step s':>8s}")
     for layout, r in results.items():

@@ -11,7 +11,6 @@ gives the same rollouts and kept rows in each.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -22,28 +21,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "sokoban_tiny.py"))
-    parser.add_argument("--steps", type=int, default=8, help="timed steps after the warm-up step")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps={args.steps} must be >= 1")
-
     import reproduce
 
-    overrides = reproduce.set_overrides(args.set, parser.error)
+    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=8)
+    args = parser.parse_args(argv)
+    config = reproduce.command_config(parser, args)
 
     import jax
 
-    from ragen_jax import config as config_lib
     from ragen_jax.experiment import make_experiment
 
     try:
-        config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
         exp = make_experiment(config)
         trainer = exp.trainer()
-    except (config_lib.ConfigError, ValueError) as err:
+    except ValueError as err:
         parser.error(str(err).splitlines()[0])
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
 

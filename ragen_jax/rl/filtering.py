@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 METRICS = ("reward_var", "reward_std", "reward_mean", "entropy")
-METRIC_ALIASES = {"reward_variance": "reward_std"}  # the earlier name, in saved run configs
+METRIC_ALIASES = {"reward_variance": "reward_std"}  # an accepted alias, read in saved run configs
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "none")
 PROB_MODES = ("linear", "softmax")
 LOSS_SCALINGS = ("none", "linear", "sqrt")

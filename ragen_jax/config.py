@@ -80,7 +80,7 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     c.filter = ml_collections.ConfigDict(dict(
         # metric: reward_var (the paper's variance mass, sample variance with `ddof`), reward_std
-        # (RAGEN's code; `reward_variance` is its earlier name), reward_mean, entropy.
+        # (RAGEN's code; `reward_variance` is accepted as another name), reward_mean, entropy.
         # update: paper (the same optimiser steps per RL step as an unfiltered batch, each on
         # kept rows / steps rows) or fewer_steps (full minibatches, ceil(kept rows / minibatch) steps).
         metric="reward_var", ddof=1, strategy="top_p", rho=0.9, prob_mode="linear", include_zero=True,

@@ -3,10 +3,11 @@
 In order, all inside XLA (docs/architecture.md#one-compiled-step):
 
 1. rollout: `num_groups × group_size` multi-turn trajectories from the current policy;
-2. SNR-aware filter: score each group (by default its reward variance), keep whole groups
-   (docs/method.md#the-reward-variance-filter);
-3. diagnostics (every `compute_freq` steps and at step 1): cross-scoring MI on the rollout,
-   before filtering (docs/method.md#the-mi-diagnostics) — when a diagnostics config is given;
+2. diagnostics (every `compute_freq` steps and at step 1): cross-scoring MI on the whole
+   rollout, before filtering (docs/method.md#the-mi-diagnostics) — when a diagnostics config
+   is given;
+3. reward-variance filter: score each group (by default its reward variance), keep whole
+   groups (docs/method.md#the-reward-variance-filter);
 4. advantages: GAE with the critic (PPO) or group baselines (GRPO / Dr.GRPO / DAPO);
 5. update over the kept groups only: they are moved to the front, and each optimiser step
    trains on a slice of them (`filter.update`: as many steps as an unfiltered batch on fewer

@@ -280,3 +280,18 @@ def test_frozenlake_slip_reaches_the_env():
     assert slip({}) == pytest.approx(0.8)  # the config's
     assert slip({"env.success_rate": "0.5"}) == pytest.approx(0.5)
     assert slip({"env.success_rate": "-1"}) == registry.make("FrozenLake")[1].success_rate  # the preset's 1/3
+
+
+def test_the_extras_the_readme_installs_exist():
+    """`tensorboard --logdir` needs TensorBoard, which no required dependency installs."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("tensorboard") for req in extras["tensorboard"])
+    readme = (ROOT / "README.md").read_text()
+    named = re.findall(r'pip install -e "\.\[([\w,-]+)\]"', readme)
+    assert "tensorboard" in named
+    assert all(extra in extras for group in named for extra in group.split(",")), named
+    (line,) = [line for line in readme.splitlines() if "tensorboard --logdir" in line]
+    assert 'pip install -e ".[tensorboard]"' in line

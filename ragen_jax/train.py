@@ -38,7 +38,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
+from ragen_jax import compile_cache, distributed, host_devices, quiet, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
@@ -328,6 +328,7 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).",
                                  workdir_required=False, multi_process=True)
     workdir = Path(args.workdir) if args.workdir else Path("runs") / Path(args.config).stem

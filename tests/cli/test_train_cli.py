@@ -2,6 +2,7 @@
 and one clear line + exit code 2 for every kind of bad input."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from commands import CONFIG, ROOT, SMALL, command, one_error_line, records, same_records
+from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 
 from ragen_jax import evaluate, export, train
 
@@ -20,12 +21,18 @@ import reproduce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def full_run_output(tmp_path_factory):
+    """(workdir, stderr) of a 6-step run, made on a machine without PyTorch."""
     workdir = tmp_path_factory.mktemp("full")
-    result = command("ragen_jax.train", "--config", CONFIG, "--workdir", str(workdir), "--config.train.steps=6",
-                     "--config.train.save_every=3", *SMALL)
+    result = command_without_torch("ragen_jax.train", "--config", CONFIG, "--workdir", str(workdir),
+                                   "--config.train.steps=6", "--config.train.save_every=3", *SMALL)
     assert result.returncode == 0, result.stderr[-2000:]
-    return workdir
+    return workdir, result.stderr
+
+
+@pytest.fixture(scope="module")
+def full_run(full_run_output):
+    return full_run_output[0]
 
 
 def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
@@ -112,6 +119,23 @@ def test_export_loads_in_transformers_and_generates(full_run, tmp_path):
                                np.asarray(nnx.state(exp.model)["embed_tokens"][...]), atol=0)
     with torch.no_grad():
         assert torch.isfinite(model(**ids).logits).all()
+
+
+LIBRARY_NOTICES = ("PyTorch was not found", "read_only", "WARNING:absl")
+
+
+def test_commands_print_no_library_notices(full_run_output, tmp_path):
+    """Nothing on stderr that does not concern the user: transformers' notice that PyTorch is
+    absent (every command loads a tokenizer), orbax's warnings about read-only checkpoint
+    managers (evaluate and export read the policy's layout); the exported files read like others."""
+    workdir, trained = full_run_output
+    out = tmp_path / "hf"
+    exported = command_without_torch("ragen_jax.export", "--workdir", str(workdir), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    for stderr in (trained, exported.stderr):
+        assert not [line for line in stderr.splitlines() if any(n in line for n in LIBRARY_NOTICES)], stderr
+    mode = lambda name: oct(os.stat(out / name).st_mode & 0o777)
+    assert mode("model.safetensors") == mode("config.json")
 
 
 # ----------------------------------------------------------------------------- bad input

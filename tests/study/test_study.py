@@ -77,6 +77,10 @@ def test_summarise_run_by_hand():
     # without validation, success is the rollout's
     no_val = [{k: v for k, v in r.items() if k != "val/success"} for r in RECORDS]
     assert study.summarise_run(no_val, last=2)["final_success"] == pytest.approx(0.15)
+    # the initial policy's validation (step 0) is not one of the run's measurements
+    initial = {"step": 0, "val/success": 0.9, "val/pass@k": 0.9}
+    assert study.summarise_run([initial, *RECORDS], last=2) == s
+    assert study.final_validation([initial, *RECORDS]) == pytest.approx(0.3)
 
 
 def test_centred_points_subtract_the_same_seed_and_step_mean_by_hand():
@@ -118,6 +122,9 @@ def test_figure_lines_average_seeds_and_start_validation_at_the_initial_policy()
     assert lines[study.MI_ZSCORE]["top_p-grpo"] == ([], [])
     steps, _ = reproduce.figure_lines(arms)[study.VAL_SUCCESS]["top_p-grpo"]
     assert steps == [3, 6]  # no start point when the initial policy's validation is unknown
+    # runs that logged their initial policy's validation (step 0) draw it once, as `start`
+    logged = {arm: [[{"step": 0, study.VAL_SUCCESS: 0.25}, *records] for records in runs] for arm, runs in arms.items()}
+    assert reproduce.figure_lines(logged, start=0.25) == lines
 
 
 # ----------------------------------------------------------------------------- the claims' statistics

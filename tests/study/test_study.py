@@ -341,12 +341,12 @@ def test_reproduce_study_smoke(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     arm = tmp_path / "sokoban"
     records = [json.loads(line) for line in (arm / "top_p-grpo" / "seed0" / "metrics.jsonl").open()]
-    assert [r["step"] for r in records] == [1, 2] and study.VAL_SUCCESS in records[-1]
+    assert [r["step"] for r in records] == [0, 1, 2] and study.VAL_SUCCESS in records[-1]
     saved = json.loads((arm / "top_p-grpo" / "seed0" / "config.json").read_text())
     assert (saved["filter"]["metric"], saved["filter"]["update"], saved["train"]["save_every"]) == (
         "reward_var", "paper", 10)
     matched = json.loads((arm / "top_k-grpo" / "matched.json").read_text())
-    kept = np.mean([r["filter/kept_ratio"] for r in records])
+    kept = np.mean([r["filter/kept_ratio"] for r in study.trained(records)])
     assert matched["k"] == max(1, round(kept * 2))
     top_k = json.loads((arm / "top_k-grpo" / "seed0" / "config.json").read_text())["filter"]
     assert (top_k["strategy"], top_k["rho"]) == ("top_k_abs", float(matched["k"]))

@@ -584,7 +584,7 @@ def figure_lines(arms: dict[str, list[list[dict]]], start: float | None = None) 
         for key, _ in FIGURE_PANELS:
             by_step: dict[int, list[float]] = {}
             for records in runs:
-                for step, v in st.finite_series(records, key):
+                for step, v in st.finite_series(st.trained(records), key):  # step 0: `start`, the same for all
                     by_step.setdefault(step, []).append(v)
             steps = sorted(by_step)
             values = [float(np.mean(by_step[s])) for s in steps]

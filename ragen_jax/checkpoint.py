@@ -263,7 +263,8 @@ class Checkpoints:
     def _policy_stacked(self, step: int) -> bool | None:
         """Whether step's saved policy holds stacked layers (None: its metadata is unreadable)."""
         try:
-            reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(read_only=True),
+            # create=False and no save: as read-only as orbax's read_only option, without its warnings
+            reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(create=False),
                                            item_names=("state",),
                                            item_handlers={"state": ocp.PyTreeCheckpointHandler()})
             try:

@@ -26,7 +26,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from ragen_jax import compile_cache, distributed, host_devices, reasoning_check, sharding
+from ragen_jax import compile_cache, distributed, host_devices, quiet, reasoning_check, sharding
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 from ragen_jax.files import check_writable_dir, describe, write_atomically
@@ -116,6 +116,7 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     parser = argparse.ArgumentParser(description="Evaluate a trained policy from its checkpoint.")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")

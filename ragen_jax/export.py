@@ -20,7 +20,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from ragen_jax import distributed
+from ragen_jax import distributed, quiet
 from ragen_jax.checkpoint import CheckpointError
 from ragen_jax.config import ConfigError
 from ragen_jax.files import check_writable_dir, describe
@@ -48,6 +48,7 @@ def export(workdir: Path, out: Path, step: int | None = None, dtype: str | None 
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     parser = argparse.ArgumentParser(description="Export a trained policy as a Hugging Face checkpoint.")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True, help="a new (or empty) directory")

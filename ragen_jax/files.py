@@ -3,6 +3,8 @@ of one, and failures told in one line.
 
 A write goes to a temporary file beside the target, which then replaces it in one rename
 (atomic on POSIX file systems); a write that fails (a full disk) removes its temporary file.
+Files get the mode open() would give them (0666 less the umask), also those written by
+libraries that create theirs 0600 (`usual_mode`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):  # e.g. the temporary name is taken by a directory
             tmp.unlink(missing_ok=True)
         raise
+
+
+def usual_mode(path: Path) -> None:
+    """Give `path` the mode open() creates files with: 0666 less the umask. For files made by
+    writers that create them 0600 (tempfile.mkstemp, safetensors), so they read like the rest."""
+    umask = os.umask(0o077)  # the only way to read it; set back at once
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def check_writable_dir(path: Path, flag: str) -> None:

@@ -37,6 +37,7 @@ import re
 import sys
 import time
 
+from ragen_jax import quiet
 from ragen_jax.host_devices import with_device_count
 
 EXIT_USAGE = 2
@@ -600,6 +601,7 @@ def report(p: Plan) -> str:
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     parser = argparse.ArgumentParser(description="Per-device memory and FLOPs of the train step for a model size "
                                                  "and mesh, compiled on fake CPU devices (no weights allocated).")
     parser.add_argument("--config", required=True, help="a config file, e.g. configs/sokoban_qwen2p5_3b.py")

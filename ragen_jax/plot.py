@@ -3,8 +3,10 @@
 Reads `DIR/metrics.jsonl` (one JSON object per line, `{"step": int, <metric>: float, ...}`;
 validation lines carry `val/` keys) and writes `DIR/training_curves.png`: a grid of panels like
 the paper's training-dynamics figures — success (rollout and validation), first-turn retrieval
-accuracy against chance, MI-ZScore (EMA and raw), reasoning entropy, the filter's kept ratio
-and the response length.
+accuracy against chance, MI-ZScore (EMA and raw), reasoning entropy, the filter's kept ratio,
+the response length, and whether the reasoning names the board's player cell (validation, for
+the built-in tasks' reasoning template). Validation drawn from step 0 (the initial policy) has
+a dotted line at that level; a dashed red line marks each step where the collapse alarm fired.
 
 Lines logged for the same step are merged (a later value replaces an earlier one: a resumed run
 may log a step twice). Only finite values are drawn: MI metrics are computed every few steps
@@ -55,7 +57,13 @@ PANELS: tuple = (
         ("rollout/response_length", "train rollout", "line"),
         ("val/response_length", "validation", "points"),
     )),
+    ("Reasoning names the player cell (validation)", "share of stated cells", FRACTION, (
+        ("val/reasoning/player_right", "right", "points"),
+        ("val/reasoning/player_top_share", "most named cell", "faint"),
+        ("val/reasoning/holes_right", "holes next to it right", "points"),
+    )),
 )
+ALARM = "mi/collapse_alarm"
 
 
 class PlotError(Exception):
@@ -125,11 +133,30 @@ def _parse_line(line: str, path: Path, number: int) -> dict:
 def plot_curves(series: Series, out: str | os.PathLike, title: str | None = None) -> dict[str, list[str]]:
     """Draw the panels of `series` (from `read_metrics`) into the PNG `out`, atomically
     (written under a temporary name in the same directory, then renamed). Returns each
-    panel's title -> the metrics drawn in it (empty: the panel says "not logged")."""
+    panel's title -> the metrics drawn in it (empty: the panel says "not logged"; the alarm's
+    name where its markers are drawn)."""
+    fig, drawn_in = figure(series, title)
+    out = Path(out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what a plain open() would give
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return drawn_in
+
+
+def figure(series: Series, title: str | None = None):
+    """(matplotlib Figure, each panel's title -> the metrics drawn in it) of `series`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out = Path(out)
+    alarms = [step for step, value in zip(*series.get(ALARM, ([], []))) if value >= 1]
     columns = 3
     rows = math.ceil(len(PANELS) / columns)
     fig = Figure(figsize=(5.0 * columns, 3.6 * rows), dpi=100, layout="constrained")
@@ -151,6 +178,11 @@ def plot_curves(series: Series, out: str | os.PathLike, title: str | None = None
                 continue
             _draw(ax, steps, values, f"{label} ({name})", style)
             drawn.append(name)
+        if drawn and alarms:
+            for i, step in enumerate(alarms):
+                ax.axvline(step, color="tab:red", linestyle="--", linewidth=0.9, alpha=0.6,
+                           label=f"collapse alarm ({ALARM})" if i == 0 else None)
+            drawn.append(ALARM)
         if drawn:
             ax.legend(fontsize=7, loc="best")
             if limits is not None:
@@ -166,19 +198,7 @@ def plot_curves(series: Series, out: str | os.PathLike, title: str | None = None
         ax.set_axis_off()
     if title:
         fig.suptitle(title, fontsize=12)
-
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what a plain open() would give
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return drawn_in
+    return fig, drawn_in
 
 
 def _draw(ax, steps, values, label, style):
@@ -187,7 +207,9 @@ def _draw(ax, steps, values, label, style):
     elif style == "faint":
         ax.plot(steps, values, "-", alpha=0.35, linewidth=1.0, marker="." if len(steps) < 60 else None, label=label)
     elif style == "points":
-        ax.plot(steps, values, "-", marker="o", markersize=3.5, linewidth=1.0, label=label)
+        (line,) = ax.plot(steps, values, "-", marker="o", markersize=3.5, linewidth=1.0, label=label)
+        if steps[0] == 0:  # validated before training: the level it started from
+            ax.axhline(values[0], color=line.get_color(), linestyle=":", linewidth=1.0, label=f"{label} at step 0")
     else:
         ax.plot(steps, values, "-", marker="." if len(steps) < 60 else None, linewidth=1.5, label=label)
 

@@ -43,7 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax import compile_cache
+from ragen_jax import compile_cache, quiet
 from ragen_jax.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
@@ -232,6 +232,7 @@ def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     from ragen_jax.checkpoint import CheckpointError, Checkpoints
     from ragen_jax.config import ConfigError
     from ragen_jax.evaluation import EvalConfig, Validator

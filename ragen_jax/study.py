@@ -1,7 +1,9 @@
 """Statistics over finished training runs, for the reproduction study (benchmarks/reproduce.py).
 
 Everything here reads `metrics.jsonl` records (one dict per logged step, as `train` writes
-them) and returns plain numbers, so the study's tables can be recomputed from the logs alone:
+them) and returns plain numbers, so the study's tables can be recomputed from the logs alone.
+A run's step 0 (its initial policy's validation) is not one of its measurements: the study
+records the initial policy once, in start_validation.json.
 
 - `summarise_run`: one run's row of the results table (final / peak success, MI-ZScore,
   retrieval accuracy, reasoning entropy, collapse alarms, kept ratio, step time);
@@ -54,6 +56,11 @@ def finite_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
     return out
 
 
+def trained(records: Iterable[dict]) -> list[dict]:
+    """The records of steps that trained (step 0 validates the initial policy)."""
+    return [r for r in records if r["step"] > 0]
+
+
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 
@@ -64,6 +71,7 @@ def summarise_run(records: list[dict], last: int = 3) -> dict[str, float]:
     policy's is the study's start_validation.json), `final_*` the mean over the last `last`
     measurements (one measurement is noisy), `peak_success` the best single one; diagnostics
     are averaged over the run's checkpoints."""
+    records = trained(records)
     success = finite_series(records, VAL_SUCCESS) or finite_series(records, SUCCESS)
     values = [v for _, v in success]
     mi = [v for _, v in finite_series(records, MI_ZSCORE)]
@@ -187,7 +195,7 @@ def reg_over_task(steps: Sequence[dict], bucket: int) -> float:
 def final_validation(records: list[dict], last: int = 3) -> float:
     """A run's validation success at its end: the mean of its last `last` validations (on the
     fixed levels; NaN when it never validated)."""
-    values = [v for _, v in finite_series(records, VAL_SUCCESS)]
+    values = [v for _, v in finite_series(trained(records), VAL_SUCCESS)]
     return _mean(values[-last:])
 
 

@@ -16,8 +16,14 @@ written before intact.
 
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
 prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
-`ragen_jax.reasoning_check`; metrics not computed at a step are absent), TensorBoard event
-files in DIR, and orbax checkpoints in DIR/checkpoints.
+`ragen_jax.reasoning_check`; metrics not computed at a step are absent; with validation on
+(train.val_every > 0) a fresh run first validates the initial policy, logged as step 0),
+TensorBoard event files in DIR, and orbax checkpoints in DIR/checkpoints.
+
+The progress bar shows this step's training rollouts (`train_succ`, `return`), the filter's
+`kept` ratio, the policy's mean token entropy in the update (`tok_ent`, actor/entropy), and the
+latest validation success (`val_succ`) and first-turn MI-ZScore-EMA (`mi_z`), which are computed
+every few steps (after a resume, the last ones logged). Warnings go on lines of their own.
 
 Several processes train on one mesh under `jax.distributed` (`ragen_jax.distributed`):
 auto-detected on TPU pod slices and SLURM, or `--coordinator HOST:PORT --num-processes N
@@ -38,7 +44,7 @@ from pathlib import Path
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax import compile_cache, distributed, host_devices, reasoning_check
+from ragen_jax import compile_cache, distributed, host_devices, quiet, reasoning_check
 from ragen_jax.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.config import ConfigError
 from ragen_jax.diagnostics.collapse import collapse_warning
@@ -122,7 +128,8 @@ class MetricsLog:
                                         dir=str(workdir), id=_run_id(workdir), resume="allow")
 
     def _truncate(self, resume_step: int) -> list[dict]:
-        """Keep the lines up to the resumed step (later ones are recomputed) and return them."""
+        """Keep the lines up to the resumed step (later ones are recomputed; a fresh run, step 0,
+        keeps none) and return them."""
         if not self.path.exists():
             return []
         kept = read_history(self.path, resume_step)
@@ -149,9 +156,10 @@ class MetricsLog:
 
 
 def read_history(path: Path, resume_step: int) -> list[dict]:
-    """The records of metrics.jsonl up to the resumed step (the same before and after
-    `MetricsLog` truncates the file, so processes other than 0 may read it at any time)."""
-    if not path.exists():
+    """The records of metrics.jsonl up to the resumed step, none for a fresh run (the same
+    before and after `MetricsLog` truncates the file, so processes other than 0 may read it at
+    any time)."""
+    if not resume_step or not path.exists():
         return []
     kept = []
     for line in path.read_text().splitlines():
@@ -175,7 +183,9 @@ def _run_id(workdir: Path) -> str:
 
 class EarlyStop:
     """The reference implementation's stop rules, each switchable (0 = off). Its counters are
-    rebuilt from the metrics history on resume, so a resumed run stops where the original would."""
+    rebuilt from the metrics history on resume, so a resumed run stops where the original would.
+    Only steps that trained count: the initial policy's validation (step 0) is no evidence of a
+    stuck run."""
 
     def __init__(self, config, history: list[dict]):
         self.rules = config.early_stop
@@ -183,7 +193,8 @@ class EarlyStop:
         self.collapsed_steps = 0
         self.low_validations = 0
         for record in history:
-            self.update(record)
+            if record["step"] > 0:
+                self.update(record)
 
     def update(self, m: dict) -> str | None:
         r = self.rules
@@ -206,10 +217,44 @@ class EarlyStop:
 # ----------------------------------------------------------------------------- the loop
 
 
-def progress_line(m: dict, last_mi: float) -> dict:
-    return {"success": f"{m.get('rollout/success', math.nan):.2f}", "return": f"{m.get('rollout/return', math.nan):.2f}",
-            "kept": f"{m.get('filter/kept_ratio', math.nan):.2f}", "mi_z": f"{last_mi:.2f}",
-            "entropy": f"{m.get('actor/entropy', math.nan):.3f}"}
+MI_ZSCORE, VAL_SUCCESS = "mi/first_turn/mi_zscore_ema", "val/success"
+
+
+def progress_line(m: dict, latest: dict) -> dict:
+    """The bar's fields: this step's metrics `m`, and the `latest` validation success and
+    MI-ZScore-EMA (not computed every step). A value not known (yet) is left out, not shown as nan."""
+    fields = {"train_succ": (m.get("rollout/success"), ".2f"), "val_succ": (latest.get(VAL_SUCCESS), ".2f"),
+              "return": (m.get("rollout/return"), ".2f"), "kept": (m.get("filter/kept_ratio"), ".2f"),
+              "mi_z": (latest.get(MI_ZSCORE), ".2f"), "tok_ent": (m.get("actor/entropy"), ".3f")}
+    return {name: format(value, spec) for name, (value, spec) in fields.items()
+            if value is not None and math.isfinite(value)}
+
+
+def latest_values(records: list[dict], latest: dict | None = None) -> dict:
+    """The last finite value of each metric the bar keeps (MI-ZScore-EMA, validation success) in
+    `records`, or in `latest` where `records` have none."""
+    latest = dict(latest or {})
+    for record in records:
+        latest.update({k: record[k] for k in (MI_ZSCORE, VAL_SUCCESS) if math.isfinite(record.get(k, math.nan))})
+    return latest
+
+
+def tell(message: str, bar) -> None:
+    """A line on stderr, above the progress bar when there is one (not appended to it)."""
+    if bar is None:
+        print(message, file=sys.stderr)
+    else:
+        bar.write(message, file=sys.stderr)
+
+
+def validation_metrics(validator, policy, exp) -> dict:
+    """`val/` metrics of `policy`. Validation draws its keys from eval.seed only, so it leaves
+    the training's PRNG key (and an exact resume) alone."""
+    val, val_traj = validator(policy)
+    # the built-in tasks' reasoning template, checked against the boards ({} for free-form reasoning)
+    val_traj = distributed.to_host(val_traj)
+    val.update(reasoning_check.validation_metrics(val_traj, exp.tokenizer, exp.prompt))
+    return {f"val/{k}": float(v) for k, v in val.items()}
 
 
 def train(config, workdir: Path, devices=None) -> int:
@@ -258,7 +303,9 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
 
     lead = distributed.is_lead()
     log = MetricsLog(workdir, config, start) if lead else None
-    stopper = EarlyStop(config, log.history if lead else read_history(workdir / "metrics.jsonl", start))
+    history = log.history if lead else read_history(workdir / "metrics.jsonl", start)
+    stopper = EarlyStop(config, history)
+    latest = latest_values(history)
     validator = None
     if config.train.val_every:
         e = config.eval
@@ -274,28 +321,30 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
         from tqdm import tqdm
 
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
-    last_mi, reason, step = math.nan, None, start
+    reason, step = None, start
     try:
+        if validator is not None and start == 0:  # the initial policy (a resumed run has logged it)
+            initial = validation_metrics(validator, state.policy, exp)
+            if lead:
+                log.write(0, initial)
+            latest = latest_values([initial], latest)
+            if bar is not None:
+                bar.set_postfix(progress_line({}, latest))
         for step in range(start + 1, steps + 1):
             started = time.perf_counter()
             state, metrics = trainer.step(state)
             metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["time/step_seconds"] = time.perf_counter() - started
             if validator is not None and (step % config.train.val_every == 0 or step == steps):
-                val, val_traj = validator(state.policy)
-                # the built-in tasks' reasoning template, checked against the boards ({} for free-form reasoning)
-                val_traj = distributed.to_host(val_traj)
-                val.update(reasoning_check.validation_metrics(val_traj, exp.tokenizer, exp.prompt))
-                metrics.update({f"val/{k}": float(v) for k, v in val.items()})
+                metrics.update(validation_metrics(validator, state.policy, exp))
             if lead and (step % config.train.log_every == 0 or step == steps):
                 log.write(step, metrics)
-            if math.isfinite(metrics.get("mi/first_turn/mi_zscore_ema", math.nan)):
-                last_mi = metrics["mi/first_turn/mi_zscore_ema"]
+            latest = latest_values([metrics], latest)
             warning = collapse_warning(metrics)
             if lead and warning:
-                print(f"warning: step {step}: {warning}", file=sys.stderr)
+                tell(f"warning: step {step}: {warning}", bar)
             if bar is not None:
-                bar.set_postfix(progress_line(metrics, last_mi), refresh=False)
+                bar.set_postfix(progress_line(metrics, latest), refresh=False)
                 bar.update(1)
             reason = stopper.update(metrics)  # the same metrics on every process: the same decision
             if distributed.any_process(bool(preempted)):  # a signal may reach only some processes
@@ -328,6 +377,7 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
 
 
 def main(argv=None) -> int:
+    quiet.commands()
     args, overrides = parse_args(argv, "Train an LLM agent with multi-turn RL (RAGEN-2 in JAX).",
                                  workdir_required=False, multi_process=True)
     workdir = Path(args.workdir) if args.workdir else Path("runs") / Path(args.config).stem

@@ -23,6 +23,15 @@ def command(module, *args, env=None):
                           env={**os.environ, **(env or {})}, timeout=600)
 
 
+def command_without_torch(module, *args):
+    """`command` as on a machine without PyTorch (which this package does not need): `import
+    torch` fails and transformers finds no torch."""
+    code = (f"import runpy, sys; sys.modules['torch'] = None; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
 def start(module, *args):
     """The command as a running process (to be killed), its output discarded."""
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.DEVNULL,

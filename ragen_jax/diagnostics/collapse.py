@@ -75,7 +75,9 @@ def update(
 
 
 def collapse_warning(metrics: dict, prefix: str = "mi/") -> str | None:
-    """For a host loop: the warning to log when a step's metrics raised the alarm, else None."""
+    """For a host loop: the warning to log when a step's metrics raised the alarm, else None.
+    The entropy it names is the alarm's: the policy's token entropy over the first turn's
+    reasoning (not the update's entropy over every trained token, actor/entropy)."""
     alarm = metrics.get(f"{prefix}collapse_alarm")
     if alarm is None or not float(alarm) > 0:  # NaN (a step without diagnostics) is no alarm
         return None
@@ -83,5 +85,5 @@ def collapse_warning(metrics: dict, prefix: str = "mi/") -> str | None:
     peak = float(metrics.get(f"{prefix}collapse_peak", float("nan")))
     entropy = float(metrics.get(f"{prefix}first_turn/reasoning_token_entropy", float("nan")))
     return (f"possible template collapse: MI-ZScore-EMA {current:.3f} fell from its peak {peak:.3f} "
-            f"while the reasoning entropy stays at {entropy:.3f}; the reasoning may no longer depend "
-            f"on the input")
+            f"while the first-turn reasoning's token entropy ({prefix}first_turn/reasoning_token_entropy) stays "
+            f"at {entropy:.3f}; the reasoning may no longer depend on the input")

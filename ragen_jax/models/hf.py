@@ -265,6 +265,7 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
     host one file's worth at a time. Under several processes every process must call this
     (weights sharded across processes are gathered collectively); only process 0 writes."""
     from ragen_jax.distributed import is_lead, to_host
+    from ragen_jax.files import usual_mode
 
     lead = is_lead()
     path = Path(path)
@@ -309,6 +310,7 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
         tensors = {n: host(*vt) for n, vt in groups[0].items()}
         if lead:
             save_file(tensors, partial("model.safetensors"), metadata={"format": "pt"})
+            usual_mode(path / "model.safetensors.partial")  # safetensors creates it 0600
     else:
         weight_map, total = {}, 0
         for i, group in enumerate(groups):
@@ -317,6 +319,7 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
             total += sum(t.nbytes for t in tensors.values())
             if lead:
                 save_file(tensors, partial(file), metadata={"format": "pt"})
+                usual_mode(path / (file + ".partial"))
             weight_map.update({n: file for n in group})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         if lead:

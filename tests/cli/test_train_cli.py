@@ -2,6 +2,7 @@
 and one clear line + exit code 2 for every kind of bad input."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from commands import CONFIG, ROOT, SMALL, command, one_error_line, records, same_records
+from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 
 from ragen_jax import evaluate, export, train
 
@@ -20,12 +21,18 @@ import reproduce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def full_run_output(tmp_path_factory):
+    """(workdir, stderr) of a 6-step run, made on a machine without PyTorch."""
     workdir = tmp_path_factory.mktemp("full")
-    result = command("ragen_jax.train", "--config", CONFIG, "--workdir", str(workdir), "--config.train.steps=6",
-                     "--config.train.save_every=3", *SMALL)
+    result = command_without_torch("ragen_jax.train", "--config", CONFIG, "--workdir", str(workdir),
+                                   "--config.train.steps=6", "--config.train.save_every=3", *SMALL)
     assert result.returncode == 0, result.stderr[-2000:]
-    return workdir
+    return workdir, result.stderr
+
+
+@pytest.fixture(scope="module")
+def full_run(full_run_output):
+    return full_run_output[0]
 
 
 def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
@@ -33,14 +40,15 @@ def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
             *SMALL]
     killed = command("ragen_jax.train", *args, env={"RAGEN_JAX_KILL_AFTER_STEP": "3"})
     assert killed.returncode == -signal.SIGKILL
-    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3]
     resumed = command("ragen_jax.train", *args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr
     want, got = records(full_run), records(tmp_path)
-    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
-    assert same_records(want, got)  # bitwise: same floats, same keys (val/ at steps 3 and 6 included)
-    assert "val/success" in got[2] and "actor/pg_loss" in got[5]
+    assert [r["step"] for r in got] == [0, 1, 2, 3, 4, 5, 6]  # step 0: the initial policy's validation
+    assert same_records(want, got)  # bitwise: same floats, same keys (val/ at steps 0, 3 and 6 included)
+    assert "val/success" in got[3] and "actor/pg_loss" in got[6]
+    assert {k for k in got[0] if k != "step"} == {k for k in got[3] if k.startswith("val/")}
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
@@ -58,6 +66,38 @@ def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
     last = records(tmp_path)[-1]["step"]
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [last]
     assert "SIGTERM" in stderr
+
+
+def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_apart(tmp_path, capsys,
+                                                                                        monkeypatch):
+    args = ["--config", CONFIG, "--workdir", str(tmp_path), *SMALL, "--config.train.val_every=2"]
+    done = command("ragen_jax.train", *args, "--config.train.steps=2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    logged = records(tmp_path)
+    assert [r["step"] for r in logged] == [0, 1, 2]
+    # step 1's MI-ZScore-EMA as diagnostics log it (they are off in these small runs); step 2 has none
+    logged[1]["mi/first_turn/mi_zscore_ema"] = 1.234
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    monkeypatch.setattr(train, "collapse_warning", lambda metrics: "an alarm")
+    assert train.main([*args, "--config.train.steps=3", "--config.logging.progress=true"]) == 0
+    err = capsys.readouterr().err
+    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3]  # no second validation of step 0 or 2
+    bar = [state for line in err.split("\n") for state in line.split("\r") if "3/3" in state][-1]  # the last
+    assert "mi_z=1.23" in bar and "tok_ent=" in bar, bar
+    assert f"val_succ={records(tmp_path)[-1]['val/success']:.2f}" in bar and "train_succ=" in bar, bar
+    assert "nan" not in err
+    # the warning is a line of its own, not appended to the bar's
+    assert "warning: step 3: an alarm" in [line.rsplit("\r", 1)[-1] for line in err.split("\n")], err
+
+
+def test_early_stopping_counts_no_validation_of_the_initial_policy():
+    from ragen_jax import config as config_lib
+
+    config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), {
+        "early_stop.val_patience": "1", "early_stop.val_success_below": "0.5"})
+    stopper = train.EarlyStop(config, [{"step": 0, "val/success": 0.0}])
+    assert stopper.low_validations == 0
+    assert stopper.update({"val/success": 0.0}) is not None
 
 
 def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
@@ -112,6 +152,23 @@ def test_export_loads_in_transformers_and_generates(full_run, tmp_path):
                                np.asarray(nnx.state(exp.model)["embed_tokens"][...]), atol=0)
     with torch.no_grad():
         assert torch.isfinite(model(**ids).logits).all()
+
+
+LIBRARY_NOTICES = ("PyTorch was not found", "read_only", "WARNING:absl")
+
+
+def test_commands_print_no_library_notices(full_run_output, tmp_path):
+    """Nothing on stderr that does not concern the user: transformers' notice that PyTorch is
+    absent (every command loads a tokenizer), orbax's warnings about read-only checkpoint
+    managers (evaluate and export read the policy's layout); the exported files read like others."""
+    workdir, trained = full_run_output
+    out = tmp_path / "hf"
+    exported = command_without_torch("ragen_jax.export", "--workdir", str(workdir), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    for stderr in (trained, exported.stderr):
+        assert not [line for line in stderr.splitlines() if any(n in line for n in LIBRARY_NOTICES)], stderr
+    mode = lambda name: oct(os.stat(out / name).st_mode & 0o777)
+    assert mode("model.safetensors") == mode("config.json")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -280,3 +337,18 @@ def test_frozenlake_slip_reaches_the_env():
     assert slip({}) == pytest.approx(0.8)  # the config's
     assert slip({"env.success_rate": "0.5"}) == pytest.approx(0.5)
     assert slip({"env.success_rate": "-1"}) == registry.make("FrozenLake")[1].success_rate  # the preset's 1/3
+
+
+def test_the_extras_the_readme_installs_exist():
+    """`tensorboard --logdir` needs TensorBoard, which no required dependency installs."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("tensorboard") for req in extras["tensorboard"])
+    readme = (ROOT / "README.md").read_text()
+    named = re.findall(r'pip install -e "\.\[([\w,-]+)\]"', readme)
+    assert "tensorboard" in named
+    assert all(extra in extras for group in named for extra in group.split(",")), named
+    (line,) = [line for line in readme.splitlines() if "tensorboard --logdir" in line]
+    assert 'pip install -e ".[tensorboard]"' in line

@@ -90,3 +90,4 @@ def test_warning_text():
     message = collapse_warning({"mi/collapse_alarm": 1.0, "mi/first_turn/mi_zscore_ema": 0.5,
                                 "mi/collapse_peak": 2.0, "mi/first_turn/reasoning_token_entropy": 1.2})
     assert "collapse" in message and "0.500" in message and "2.000" in message
+    assert "first-turn reasoning's token entropy (mi/first_turn/reasoning_token_entropy) stays at 1.200" in message

@@ -31,7 +31,8 @@ def synthetic(steps=12):
             r[f"mi/first_turn/{name}"] = value if mi else float("nan")
         out.append(r)
         if s % 4 == 0:
-            out.append({"step": s, "val/success": s / 20, "val/pass@k": s / 15})
+            out.append({"step": s, "val/success": s / 20, "val/pass@k": s / 15,
+                        "val/reasoning/player_right": 0.9 - s / 50})
     return out
 
 
@@ -64,7 +65,40 @@ def test_every_panel_draws_its_logged_metrics(tmp_path):
         "Reasoning entropy (first turn)": ["mi/first_turn/reasoning_token_entropy"],
         "Kept ratio (SNR filter)": ["filter/kept_ratio"],
         "Response length": ["rollout/response_length"],
+        "Reasoning names the player cell (validation)": ["val/reasoning/player_right"],
     }
+
+
+def test_step_0_validation_the_player_cell_and_the_alarm_are_drawn(tmp_path):
+    """A run that validated its initial policy (step 0), checks its reasoning's player cell
+    and raised the collapse alarm at steps 5 and 10."""
+    records = [{"step": 0, "val/success": 0.1, "val/reasoning/player_right": 0.95,
+                "val/reasoning/player_top_share": 0.2}]
+    for r in synthetic():
+        if r["step"] % 5 == 0 and "mi/first_turn/mi_zscore" in r:
+            r["mi/collapse_alarm"] = 1.0
+        elif "mi/first_turn/mi_zscore" in r:
+            r["mi/collapse_alarm"] = float("nan") if r["step"] % 5 else 0.0
+        if "val/success" in r:
+            r.update({"val/reasoning/player_right": 0.5, "val/reasoning/player_top_share": 0.6})
+        records.append(r)
+    write_metrics(tmp_path, records)
+    series = plot.read_metrics(tmp_path / "metrics.jsonl")
+    fig, drawn = plot.figure(series)
+    assert drawn["Reasoning names the player cell (validation)"] == [
+        "val/reasoning/player_right", "val/reasoning/player_top_share", plot.ALARM]
+    assert all(names[-1] == plot.ALARM for names in drawn.values() if names)
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    success = panels["Success rate"]
+    vertical = sorted(line.get_xdata()[0] for line in success.lines if len(set(line.get_xdata())) == 1)
+    assert vertical == [5, 10]  # the alarm's steps (step 1's alarm is 0)
+    validation = next(line for line in success.lines if "(val/success)" in line.get_label()
+                      and "step 0" not in line.get_label())
+    assert list(validation.get_xdata()) == [0, 4, 8, 12]
+    (start,) = [line for line in success.lines if line.get_label().endswith("at step 0")]
+    assert list(start.get_ydata()) == [0.1, 0.1]  # the initial policy's level across the run
+    assert plot.plot_curves(series, tmp_path / "c.png") == drawn
+    check_png(tmp_path / "c.png")
 
 
 def test_read_metrics_keeps_finite_points_and_merges_steps(tmp_path):
@@ -185,6 +219,9 @@ def test_panel_metric_names_are_the_ones_logged():
             assert '"mi/first_turn/' in read("diagnostics/diagnose")
             leaf = name.rsplit("/", 1)[1]
             assert f'"{leaf}"' in read("diagnostics/mi") + read("diagnostics/diagnose"), name
+        elif name.startswith("val/reasoning/"):
+            leaf = name.rsplit("/", 1)[1]
+            assert f'"{leaf}"' in read("reasoning_check") or f"{leaf}=" in read("reasoning_check"), name
         elif name.startswith("val/"):
             # ragen_jax.evaluation reports rollout_metrics without their "rollout/" prefix
             assert f'"rollout/{name[4:]}"' in read("train_step"), name

@@ -1,7 +1,9 @@
 """Checkpoint I/O against transformers: round trip, sharded checkpoints, mesh placement, errors."""
 
 import json
+import os
 import shutil
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +151,20 @@ def test_unsupported_checkpoint_settings(tmp_path):
     make_hf_model(tie=True, rope={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="rope_type='dynamic' is not supported"):
         hf.load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("max_shard_bytes", [5 * 2**30, 400_000])  # one file, several with an index
+def test_exported_files_get_the_mode_open_gives(tmp_path, max_shard_bytes):
+    """safetensors creates its files 0600; the export's files all read as open() makes them."""
+    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(3))
+    umask = os.umask(0o027)
+    try:
+        hf.save_pretrained(model, tmp_path, max_shard_bytes=max_shard_bytes, tokenizer=hf.load_tokenizer())
+    finally:
+        os.umask(umask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.iterdir()}
+    assert any(name.endswith(".safetensors") for name in modes)
+    assert set(modes.values()) == {oct(0o640)}, modes
 
 
 def test_export_interrupted_midway_leaves_nothing_loadable(tmp_path, monkeypatch):

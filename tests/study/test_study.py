@@ -77,6 +77,10 @@ def test_summarise_run_by_hand():
     # without validation, success is the rollout's
     no_val = [{k: v for k, v in r.items() if k != "val/success"} for r in RECORDS]
     assert study.summarise_run(no_val, last=2)["final_success"] == pytest.approx(0.15)
+    # the initial policy's validation (step 0) is not one of the run's measurements
+    initial = {"step": 0, "val/success": 0.9, "val/pass@k": 0.9}
+    assert study.summarise_run([initial, *RECORDS], last=2) == s
+    assert study.final_validation([initial, *RECORDS]) == pytest.approx(0.3)
 
 
 def test_centred_points_subtract_the_same_seed_and_step_mean_by_hand():
@@ -118,6 +122,9 @@ def test_figure_lines_average_seeds_and_start_validation_at_the_initial_policy()
     assert lines[study.MI_ZSCORE]["top_p-grpo"] == ([], [])
     steps, _ = reproduce.figure_lines(arms)[study.VAL_SUCCESS]["top_p-grpo"]
     assert steps == [3, 6]  # no start point when the initial policy's validation is unknown
+    # runs that logged their initial policy's validation (step 0) draw it once, as `start`
+    logged = {arm: [[{"step": 0, study.VAL_SUCCESS: 0.25}, *records] for records in runs] for arm, runs in arms.items()}
+    assert reproduce.figure_lines(logged, start=0.25) == lines
 
 
 # ----------------------------------------------------------------------------- the claims' statistics
@@ -334,12 +341,12 @@ def test_reproduce_study_smoke(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     arm = tmp_path / "sokoban"
     records = [json.loads(line) for line in (arm / "top_p-grpo" / "seed0" / "metrics.jsonl").open()]
-    assert [r["step"] for r in records] == [1, 2] and study.VAL_SUCCESS in records[-1]
+    assert [r["step"] for r in records] == [0, 1, 2] and study.VAL_SUCCESS in records[-1]
     saved = json.loads((arm / "top_p-grpo" / "seed0" / "config.json").read_text())
     assert (saved["filter"]["metric"], saved["filter"]["update"], saved["train"]["save_every"]) == (
         "reward_var", "paper", 10)
     matched = json.loads((arm / "top_k-grpo" / "matched.json").read_text())
-    kept = np.mean([r["filter/kept_ratio"] for r in records])
+    kept = np.mean([r["filter/kept_ratio"] for r in study.trained(records)])
     assert matched["k"] == max(1, round(kept * 2))
     top_k = json.loads((arm / "top_k-grpo" / "seed0" / "config.json").read_text())["filter"]
     assert (top_k["strategy"], top_k["rho"]) == ("top_k_abs", float(matched["k"]))

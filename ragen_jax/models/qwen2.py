@@ -215,8 +215,10 @@ class KVCache:
     def shared(self) -> bool:
         """One cached row that every row of the batch reads (keys/values [layers, 1, ...],
         mask [B, S]): a training forward over a prefix all rows share. Such a cache is only
-        read; each row's own keys follow the prefix's."""
-        return not self.layered and self.k.shape[1] == 1 and self.mask.shape[0] > 1
+        read; each row's own keys follow the prefix's. With one row it is told from a writable
+        cache by its keys covering only the prefix, not the whole mask."""
+        return (not self.layered and self.k.shape[1] == 1
+                and (self.mask.shape[0] > 1 or self.k.shape[3] < self.mask.shape[1]))
 
     @property
     def length(self) -> int:

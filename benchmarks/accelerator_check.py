@@ -174,6 +174,8 @@ def table(row: dict) -> str:
         f"| rollout alone | {row['rollout_s']:.2f} s, {row['rollout_tokens_per_s']:,.0f} generated tokens/s |",
         f"| train step (with diagnostics, step 1) | {row['step1_s']:.2f} s, MFU {mfu(row['mfu_step1'])} |",
         f"| train step | {row['step_s']:.2f} s, MFU {mfu(row['mfu'])} ({row['kept_rows']:.0f} rows updated) |",
+        f"| where a step's time goes | rollout {row['rollout_s']:.2f} s, the rest (filter, advantages, update) "
+        f"{row['step_s'] - row['rollout_s']:.2f} s, diagnostics (step 1 − step) {row['step1_s'] - row['step_s']:.2f} s |",
         f"| peak device memory ({row['memory_source']}) | {row['peak_memory_gib']:.2f} GiB |",
         f"| logits vs float32 CPU forward | max abs diff {row['logits_max_abs_diff']:.3g} |",
     ]

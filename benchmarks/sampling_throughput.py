@@ -47,13 +47,19 @@ from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
 
 
 def make_prompts(batch: int, length: int, seed: int = 0):
-    """`batch` project-style prompts of exactly `length` tokens (ids [B, L] and their text)."""
+    """`batch` project-style prompts of exactly `length` tokens (ids [B, L] and their text):
+    conversations joined until a prompt is long enough, kept where the text re-encodes to the
+    same ids (tunix takes text)."""
     tok = hf.load_tokenizer()
-    ids, texts = [], []
-    for text in corpus(batch * 4, seed):
-        row = tok.encode(text, add_special_tokens=False)[:length]
+    ids, texts, text = [], [], ""
+    for conversation in corpus(batch * (4 + length // 64), seed):
+        text += conversation
+        row = tok.encode(text, add_special_tokens=False)
+        if len(row) < length:
+            continue
+        row, text = row[:length], ""
         piece = tok.decode(row)
-        if len(row) == length and tok.encode(piece, add_special_tokens=False) == row:
+        if tok.encode(piece, add_special_tokens=False) == row:
             ids.append(row)
             texts.append(piece)
         if len(ids) == batch:
@@ -87,30 +93,45 @@ def bench_ours(model, ids, new, repeats, mesh=None):
     return timed(run, repeats)
 
 
-def transformers_model(model, threads):
+def transformers_model(model, threads, device="cpu"):
+    """Our weights in transformers (exported with `save_pretrained`), in our compute dtype, on
+    `device` ("cpu", "cuda")."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(model, tmp)
-        return AutoModelForCausalLM.from_pretrained(tmp).eval()
+        dtype = getattr(torch, model.cfg.dtype)
+        return AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).to(device).eval()
 
 
 def transformers_generate(torch_model, ids, new):
     import torch
 
-    prompt = torch.as_tensor(ids, dtype=torch.long)
+    prompt = torch.as_tensor(ids, dtype=torch.long, device=torch_model.device)
     with torch.no_grad():
         out = torch_model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                    min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
                                    top_p=1.0, eos_token_id=None, pad_token_id=0)
+    if out.is_cuda:
+        torch.cuda.synchronize()
     assert out.shape[1] == ids.shape[1] + new
 
 
-def bench_transformers(model, ids, new, repeats, threads=2):
-    torch_model = transformers_model(model, threads)
+def bench_transformers(model, ids, new, repeats, threads=2, device="cpu"):
+    torch_model = transformers_model(model, threads, device)
     return timed(lambda: transformers_generate(torch_model, ids, new), repeats)
+
+
+def decode_bound(cfg, batch: int, prompt: int, new: int, bandwidth_tbps: float) -> float:
+    """Generated tokens/s if every decode step only read the weights and the KV cache once at
+    `bandwidth_tbps` (the memory-bandwidth bound of decoding; the prompt's prefill left out)."""
+    size = np.dtype(jnp.dtype(cfg.dtype)).itemsize
+    weights = cfg.num_params() * size
+    per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * size  # K and V, one token
+    cache = per_slot * batch * (prompt + (new + 1) / 2)  # the mean context over the decode steps
+    return batch / ((weights + cache) / (bandwidth_tbps * 1e12))
 
 
 def transformers_part(model, ids, new, part, parts):
@@ -247,6 +268,11 @@ def main(argv=None):
                         help="a Python with google-tunix beside jax (default: this one, if it imports)")
     parser.add_argument("--engine", default="all", choices=["all", "tunix", "ours", "transformers-part"],
                         help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="weights and compute dtype of both engines (default float32)")
+    parser.add_argument("--torch-device", default="cpu", help="transformers' device: cpu (default) or cuda")
+    parser.add_argument("--bandwidth-tbps", type=float, default=None,
+                        help="the device's memory bandwidth: also print the decode's bandwidth bound")
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--parts", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -254,9 +280,10 @@ def main(argv=None):
     tokens = args.batch * args.new
     if args.engine == "all":
         print(f"# sampling throughput: batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
-              f"temperature 1.0; {jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}")
+              f"temperature 1.0, {args.dtype}; {jax.device_count()} {jax.devices()[0].platform} device(s) "
+              f"({jax.devices()[0].device_kind}), jax {jax.__version__}; transformers on {args.torch_device}")
     for name in args.models:
-        model = init_model(Qwen2Config.preset(name), jax.random.key(0))
+        model = init_model(Qwen2Config.preset(name, dtype=args.dtype, param_dtype=args.dtype), jax.random.key(0))
         if args.engine != "all":
             if args.engine == "transformers-part":
                 transformers_part(model, ids, args.new, args.part, args.parts)
@@ -270,7 +297,12 @@ def main(argv=None):
             continue
         first, steady = bench_ours(model, ids, args.new, args.repeats)
         print(f"{name:6s} ragen_jax     {tokens / steady:9.0f} tok/s  (steady {steady:.3f}s, compile {first - steady:.1f}s)")
-        t_first, t_steady = bench_transformers(model, ids, args.new, args.repeats, args.torch_threads)
+        if args.bandwidth_tbps:
+            bound = decode_bound(model.cfg, args.batch, args.prompt, args.new, args.bandwidth_tbps)
+            print(f"{name:6s} decode bound  {bound:9.0f} tok/s  (weights + KV cache once per step at "
+                  f"{args.bandwidth_tbps} TB/s; ours at {tokens / steady / bound:.0%} of it)")
+        t_first, t_steady = bench_transformers(model, ids, args.new, args.repeats, args.torch_threads,
+                                               args.torch_device)
         print(f"{name:6s} transformers  {tokens / t_steady:9.0f} tok/s  (steady {t_steady:.3f}s)  "
               f"ratio ours/transformers {t_steady / steady:.2f}x")
         result, why = None, None

@@ -9,7 +9,7 @@ tokens, bfloat16 compute, layers scanned) on one device, with random weights fro
 (no download) and every group kept by the filter, so each step runs a full update. Printed:
 the backend and device; compile seconds of the whole step; the rollout alone (generated
 tokens per second); seconds per train step with the diagnostics (step 1) and without; MFU =
-the step's analytic FLOPs (`ragen_jax.plan.analytic_flops`: every decode to its full length)
+the step's analytic FLOPs (`ragen_jax.analysis.planner.analytic_flops`: every decode to its full length)
 / seconds / the device's dense bfloat16 peak (a table of known devices; `--peak-tflops` for others); peak device memory
 (`memory_stats()` where the backend has it, else the compiled step's memory analysis); and the
 largest difference between this device's logits of a few tokens and a float32 CPU forward of
@@ -39,7 +39,7 @@ def peak_tflops(device_kind: str) -> float | None:
 def build_config(tiny: bool, model: str):
     """The paper's setting with a preset's random weights; `tiny`: the built-in tiny model on
     a short rollout (the same programs, sized for a CPU)."""
-    from ragen_jax.config import paper_config
+    from ragen_jax.run.config import paper_config
 
     config = paper_config("SimpleSokoban", fsdp=False)
     config.model.preset = "tiny" if tiny else model
@@ -99,9 +99,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from ragen_jax import config as config_lib
-    from ragen_jax import plan
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.analysis import planner
+    from ragen_jax.run import config as config_lib
+    from ragen_jax.run.experiment import make_experiment
 
     try:
         config = build_config(args.tiny, args.model)
@@ -110,9 +110,9 @@ def main(argv=None) -> int:
         parser.error(str(err).splitlines()[0])
     device = jax.devices()[0]
     trainer = exp.trainer()
-    layout = plan.buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
-    flops = plan.analytic_flops(exp.model.cfg, exp.run.step, layout)
-    diagnostics_flops = plan.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)
+    layout = planner.buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
+    flops = planner.analytic_flops(exp.model.cfg, exp.run.step, layout)
+    diagnostics_flops = planner.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)
     row = {"backend": jax.default_backend(), "device": device.device_kind, "model": exp.model.cfg.num_params()}
 
     state = trainer.init_state(jax.random.key(0), exp.model)

@@ -22,11 +22,12 @@ import sys
 import jax
 import numpy as np
 
+from ragen_jax.rollout.play import model_policy, rollout
+from ragen_jax.run.checkpoint import CheckpointError
+from ragen_jax.run.errors import ConfigError
+from ragen_jax.run.experiment import load_initial_weights, make_experiment
+
 import reproduce  # the tiny configs and their overrides, as every benchmark run loads them
-from ragen_jax.checkpoint import CheckpointError
-from ragen_jax.config import ConfigError
-from ragen_jax.experiment import load_initial_weights, make_experiment
-from ragen_jax.rollout import model_policy, rollout
 
 
 def group_spread(success: np.ndarray, first_turn: np.ndarray, group_size: int) -> dict[str, float]:

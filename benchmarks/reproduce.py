@@ -38,7 +38,7 @@ Every run is an ordinary `ragen_jax.train` run in `<out>/<env>/<arm>/seed<k>` (m
 checkpoints every 10 steps), so a stopped study resumes where it stopped: finished runs are
 skipped, interrupted ones resume from their last checkpoint. After every arm `<out>/report.md`
 is rewritten from the finished runs, so each table lands as soon as its runs are done. The
-statistics live in `ragen_jax.study` (tested against independent references).
+statistics live in `ragen_jax.analysis.study` (tested against independent references).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from ragen_jax import compile_cache, host_devices
-from ragen_jax import study as st  # numpy only; the jax-heavy imports stay inside the commands
+from ragen_jax.analysis import study as st  # numpy only; the jax-heavy imports stay inside the commands
+from ragen_jax.run import compile_cache, host_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py"}
@@ -97,7 +97,7 @@ def study_base(env: str) -> dict[str, str]:
 
 
 def run_config(env: str, seed: int, overrides: dict[str, str]):
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     config = config_lib.load_config_file(str(CONFIGS[env]))
     return config_lib.apply_overrides(config, {"seed": str(seed), "logging.progress": "false",
@@ -127,7 +127,7 @@ def config_command(description: str, steps: int) -> argparse.ArgumentParser:
 def command_config(parser: argparse.ArgumentParser, args, extra: dict[str, str] | None = None):
     """The config of a `config_command`'s arguments (plus `extra` overrides); a bad value ends the
     command with one line (exit 2)."""
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     if args.steps < 1:
         parser.error(f"--steps={args.steps} must be >= 1")
@@ -158,9 +158,10 @@ def initial_validation(config) -> dict[str, float]:
     as training logs them (`reasoning/*` included)."""
     from flax import nnx
 
-    from ragen_jax import distributed, reasoning_check
-    from ragen_jax.evaluation import EvalConfig, Validator
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.analysis import reasoning_check
+    from ragen_jax.run import distributed
+    from ragen_jax.run.experiment import make_experiment
+    from ragen_jax.training.validation import EvalConfig, Validator
 
     exp = make_experiment(config)
     e = config.eval
@@ -173,7 +174,7 @@ def initial_validation(config) -> dict[str, float]:
 
 
 def train_one(config, workdir: Path, steps: int) -> None:
-    from ragen_jax.train import train
+    from ragen_jax.training.loop import train
 
     if finished(workdir, steps):
         print(f"{workdir}: already finished", file=sys.stderr)
@@ -353,14 +354,14 @@ def study(args) -> None:
 
 def ceiling(args) -> None:
     """What any policy could score on the validation levels under the config's turn structure
-    (`ragen_jax.ceilings`): FrozenLake's best and shortest-path-replanning success with slip,
+    (`ragen_jax.analysis.ceilings`): FrozenLake's best and shortest-path-replanning success with slip,
     Sokoban's share of levels solvable within the move budget."""
     import jax
     import numpy as np
 
-    from ragen_jax import ceilings
-    from ragen_jax.evaluation import EvalConfig
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.analysis import ceilings
+    from ragen_jax.run.experiment import make_experiment
+    from ragen_jax.training.validation import EvalConfig
 
     config = run_config(args.env, 0, args.set)
     exp = make_experiment(config)

@@ -22,10 +22,11 @@ import numpy as np
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, sampling
 from ragen_jax.models.qwen2 import Qwen2Config, init_cache, init_model
-from ragen_jax.rollout import RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, initial_states, model_policy, rollout
 from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec, stop_fn
 from ragen_jax.text.prompt import PromptTemplate
+
 
 def host_loop(key, model, env, params, tok, codec, prompt, config):
     """RAGEN-style rollout: text and env on the host, the model through jitted prefill/decode."""

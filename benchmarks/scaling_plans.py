@@ -2,7 +2,7 @@
 how long a step should take: `python benchmarks/scaling_plans.py [--json out.json] [--pieces]`.
 
 For every (model, accelerator) pair the candidate settings are planned in order of preference
-(`ragen_jax.plan.plan`, abstract: no weights, 8 fake CPU devices, meshes over the first n) and
+(`ragen_jax.analysis.planner.plan`, abstract: no weights, 8 fake CPU devices, meshes over the first n) and
 the first whose estimated peak per device fits in 90% of the device's memory is printed,
 with the expected step time from the analytic FLOPs at the stated MFU and, for the rollout's
 decoding, the memory-bandwidth floor (every decode step reads the full weights as stored and
@@ -22,8 +22,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from ragen_jax import config as config_lib  # noqa: E402
-from ragen_jax import plan as plan_lib  # noqa: E402
+from ragen_jax.run import config as config_lib  # noqa: E402
+from ragen_jax.analysis import planner as plan_lib  # noqa: E402
 
 MFU = 0.40
 GiB = 2 ** 30

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def measure(config, steps: int) -> dict:
     import jax
 
-    from ragen_jax import sharding
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.run import sharding
+    from ragen_jax.run.experiment import make_experiment
 
     exp = make_experiment(config)
     trainer = exp.trainer()

@@ -34,10 +34,10 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from ragen_jax import sft
-    from ragen_jax.batch import batch_from_trajectories, compact
-    from ragen_jax.experiment import make_experiment
     from ragen_jax.models.qwen2 import Qwen2Config, init_model
+    from ragen_jax.rl.batch import batch_from_trajectories, compact
+    from ragen_jax.run.experiment import make_experiment
+    from ragen_jax.training import sft
 
     config = reproduce.run_config(args.env, 0, {"model.init": "", **overrides})
     exp = make_experiment(config)

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.run.experiment import make_experiment
 
     try:
         exp = make_experiment(config)

@@ -33,10 +33,10 @@ from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
-from ragen_jax.rollout import RolloutConfig, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, model_policy, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
-from ragen_jax.train_step import StepConfig, Trainer
+from ragen_jax.training.step import StepConfig, Trainer
 
 
 def best_time(fn, repeats):

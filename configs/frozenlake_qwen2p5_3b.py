@@ -5,9 +5,9 @@
 
 8 groups × 16 trajectories, 5 turns of up to 120 tokens, PPO (actor lr 1e-6, critic lr 1e-5),
 Top-p 0.9 reward-variance filtering, MI diagnostics every 5 steps, bfloat16 compute
-(`ragen_jax.config.paper_config`)."""
+(`ragen_jax.run.config.paper_config`)."""
 
-from ragen_jax.config import paper_config
+from ragen_jax.run.config import paper_config
 
 
 def get_config():

@@ -32,7 +32,7 @@ vary between attempts; RL removes its random moves within ≈ 50 steps and ends 
 ragen_jax.train` sets up on a CPU: +20.4 / +20.4 / +17.8 in about 4 minutes a run on 2 cores
 ("The default runs")."""
 
-from ragen_jax.config import tiny_cpu_config
+from ragen_jax.run.config import tiny_cpu_config
 
 
 def get_config():

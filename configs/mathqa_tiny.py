@@ -3,7 +3,7 @@ file needed; set --config.env.data_path=metamathqa.jsonl for MetaMathQA records)
 per question (a correct answer pays 1, then 1/2), the built-in tiny model. Needs the optional
 extra: pip install 'ragen-jax[datasets]'."""
 
-from ragen_jax.config import tiny_cpu_config
+from ragen_jax.run.config import tiny_cpu_config
 
 
 def get_config():

@@ -2,12 +2,12 @@
 
 32 groups × 4 trajectories, 3 turns of up to 48 tokens, GRPO without an entropy bonus on
 rollouts at T 0.5 with Top-p 0.9 filtering on the reward std, MI diagnostics every 10 steps,
-validation on 128 levels × 8 samples every 50 steps (`ragen_jax.config.tiny_cpu_config`),
+validation on 128 levels × 8 samples every 50 steps (`ragen_jax.run.config.tiny_cpu_config`),
 starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see README).
 
 400 steps, the last 150 at a learning rate falling linearly to 0 (`algo.lr_decay_fraction`,
 warm-up-stable-decay without the warm-up). The run takes about 10 minutes on a 2-core CPU
-(`python -m ragen_jax.train` gives it one jax device per core, `ragen_jax/host_devices.py`)
+(`python -m ragen_jax.train` gives it one jax device per core, `ragen_jax/run/host_devices.py`)
 and raises validation success from 0.330 to 0.44-0.46: +11.2 / +12.8 / +12.4 points over 3
 seeds (docs/tuning.md, "The default runs"). Why 400 steps and a falling rate: at a constant rate on one
 device the same seeds gain +8.3 / +9.1 / +10.6 in 300 steps and +12.1 / +11.2 / +11.3 in 400
@@ -15,7 +15,7 @@ device the same seeds gain +8.3 / +9.1 / +10.6 in 300 steps and +12.1 / +11.2 / 
 about a point and ends the seeds closer together. `--config.algo.lr_decay_fraction=0` keeps
 the rate constant."""
 
-from ragen_jax.config import tiny_cpu_config
+from ragen_jax.run.config import tiny_cpu_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ import numpy as np
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
-from ragen_jax.rollout import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
+from ragen_jax.rollout.play import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ragen_jax import sharding
 from ragen_jax.models.qwen2 import (KVCache, Qwen2, constrain_rows, init_cache, map_row_blocks, positions_from_mask,
                                     row_shards, token_logprobs)
+from ragen_jax.run import sharding
 
 
 def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.rl import losses
-from ragen_jax.batch import Batch, policy_logprobs
+from ragen_jax.rl.batch import Batch, policy_logprobs
 
 
 def reward_std_buckets(group_rewards: jax.Array, num_buckets: int = 6) -> jax.Array:
@@ -114,7 +114,7 @@ def gradient_norms(
     """Per reward-std bucket, the norms of the task- and regularisation-loss gradients.
 
     policy_graph, params: the policy (`nnx.graphdef` / `nnx.state` of a `Qwen2`); batch: the
-    update's view of the rollout with advantages filled in (`ragen_jax.batch.Batch`);
+    update's view of the rollout with advantages filled in (`ragen_jax.rl.batch.Batch`);
     group_of_row: int[B] group index of every row; buckets: int32[G] bucket of every group
     (`reward_std_buckets`); num_buckets: static bucket count. The other arguments are those of
     the actor loss (`train_step.Trainer._actor_update`): log-probs at the sampling `temperature`, the

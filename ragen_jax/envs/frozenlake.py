@@ -139,7 +139,7 @@ def generate_map(key: jax.Array, params: FrozenLakeParams):
 def moves_into_holes(holes, cell) -> list[str]:
     """Host-side: names of the moves (in action order) that step from `cell` straight into a hole
     of the bool grid `holes` — what the warm start's reasoning names (ragen_jax.sft) and
-    ragen_jax.reasoning_check checks against the board."""
+    ragen_jax.analysis.reasoning_check checks against the board."""
     holes = np.asarray(holes, bool)
     rows, cols = holes.shape
     r, c = (int(x) for x in cell)

@@ -264,8 +264,8 @@ def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None 
     `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the
     host one file's worth at a time. Under several processes every process must call this
     (weights sharded across processes are gathered collectively); only process 0 writes."""
-    from ragen_jax.distributed import is_lead, to_host
-    from ragen_jax.files import usual_mode
+    from ragen_jax.run.distributed import is_lead, to_host
+    from ragen_jax.run.files import usual_mode
 
     lead = is_lead()
     path = Path(path)

@@ -41,10 +41,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import pytest
-from commands import CONFIG, SMALL, command, one_error_line, records, same_records, start
 
-from ragen_jax import checkpoint, evaluate, export, train
-from ragen_jax.checkpoint import FILE_LIST, CheckpointError, Checkpoints, CheckpointWriteError
+from ragen_jax.cli import evaluate, export, train
+from ragen_jax.run import checkpoint
+from ragen_jax.run.checkpoint import FILE_LIST, CheckpointError, Checkpoints, CheckpointWriteError
+
+from commands import CONFIG, SMALL, command, one_error_line, records, same_records, start
 
 STEPS = 6
 RUN = ["--config", CONFIG, *SMALL, "--config.train.val_every=0", f"--config.train.steps={STEPS}",
@@ -136,7 +138,7 @@ def reference(tmp_path_factory):
 @pytest.fixture(scope="module")
 def like(reference):
     """A fresh train state of the reference run's config: the template restores fill."""
-    from ragen_jax.experiment import make_experiment
+    from ragen_jax.run.experiment import make_experiment
 
     exp = make_experiment(ml_collections.ConfigDict(json.loads((reference / "config.json").read_text())))
     return exp.trainer().init_state(jax.random.key(0), exp.model)
@@ -281,7 +283,7 @@ def test_evaluate_and_export_use_the_newest_good_checkpoint(reference, tmp_path,
 
 
 def test_a_workdir_that_is_a_file_or_under_one(reference, tmp_path, capsys):
-    from ragen_jax import sft
+    from ragen_jax.cli import sft
 
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")

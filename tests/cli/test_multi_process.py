@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+
 from xla_flags import flags_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +60,8 @@ def records(workdir):
 def policy(workdir):
     from flax import nnx
 
-    from ragen_jax.checkpoint import Checkpoints
     from ragen_jax.models.qwen2 import Qwen2, Qwen2Config
+    from ragen_jax.run.checkpoint import Checkpoints
 
     like = nnx.state(nnx.eval_shape(lambda: Qwen2(Qwen2Config.preset("tiny"), rngs=nnx.Rngs(0))))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

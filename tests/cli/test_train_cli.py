@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 
-from ragen_jax import evaluate, export, train
+from ragen_jax.cli import evaluate, export, train
+from ragen_jax.training import loop
+
+from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
 
@@ -78,7 +80,7 @@ def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_
     # step 1's MI-ZScore-EMA as diagnostics log it (they are off in these small runs); step 2 has none
     logged[1]["mi/first_turn/mi_zscore_ema"] = 1.234
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
-    monkeypatch.setattr(train, "collapse_warning", lambda metrics: "an alarm")
+    monkeypatch.setattr(loop, "collapse_warning", lambda metrics: "an alarm")
     assert train.main([*args, "--config.train.steps=3", "--config.logging.progress=true"]) == 0
     err = capsys.readouterr().err
     assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3]  # no second validation of step 0 or 2
@@ -91,7 +93,7 @@ def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_
 
 
 def test_early_stopping_counts_no_validation_of_the_initial_policy():
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), {
         "early_stop.val_patience": "1", "early_stop.val_success_below": "0.5"})
@@ -118,7 +120,7 @@ def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     config["mesh"]["data"] = -1
     (split / "config.json").write_text(json.dumps(config))
     cache = tmp_path / "xla_cache"
-    done = command("ragen_jax.evaluate", "--workdir", str(split), "--episodes", "2", "--samples", "2",
+    done = command("ragen_jax.cli.evaluate", "--workdir", str(split), "--episodes", "2", "--samples", "2",
                    env={"XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": "", "RAGEN_JAX_COMPILE_CACHE": str(cache)})
     assert done.returncode == 0 and "one jax device per CPU core" in done.stderr, done.stderr[-2000:]
     assert any(p.name.endswith("-cache") for p in cache.iterdir())
@@ -144,7 +146,7 @@ def test_export_loads_in_transformers_and_generates(full_run, tmp_path):
     # the exported weights are the checkpoint's: compare the embedding with the restored policy
     from flax import nnx
 
-    from ragen_jax.experiment import restore_run
+    from ragen_jax.run.experiment import restore_run
 
     exp, step = restore_run(full_run)
     assert step == 6
@@ -163,7 +165,7 @@ def test_commands_print_no_library_notices(full_run_output, tmp_path):
     managers (evaluate and export read the policy's layout); the exported files read like others."""
     workdir, trained = full_run_output
     out = tmp_path / "hf"
-    exported = command_without_torch("ragen_jax.export", "--workdir", str(workdir), "--out", str(out))
+    exported = command_without_torch("ragen_jax.cli.export", "--workdir", str(workdir), "--out", str(out))
     assert exported.returncode == 0, exported.stderr[-2000:]
     for stderr in (trained, exported.stderr):
         assert not [line for line in stderr.splitlines() if any(n in line for n in LIBRARY_NOTICES)], stderr
@@ -210,7 +212,7 @@ def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
 
 @pytest.mark.parametrize("case", ["bad init", "holes on sokoban"])
 def test_sft_bad_input_gives_one_line_and_writes_nothing(case, capsys, tmp_path):
-    from ragen_jax import sft
+    from ragen_jax.cli import sft
 
     extra, message = {"bad init": (["--init", str(tmp_path / "none")], f"model.init='{tmp_path / 'none'}'"),
                       "holes on sokoban": (["--name-holes"], "--name-holes: FrozenLake only")}[case]
@@ -246,7 +248,7 @@ def test_evaluate_and_export_bad_input(full_run, tmp_path, capsys):
 
 
 def test_plot_draws_a_real_run(full_run):
-    from ragen_jax import plot
+    from ragen_jax.cli import plot
 
     assert plot.main(["--workdir", str(full_run)]) == 0
     png = full_run / "training_curves.png"
@@ -265,7 +267,7 @@ def test_countdown_tiny_runs_a_training_step(tmp_path):
 
 
 def test_a_config_saved_before_new_keys_existed_still_resumes():
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     new = config_lib.default_config().to_dict()
     saved = config_lib.default_config().to_dict()
@@ -280,7 +282,7 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
     """FrozenLake's default Adam eps (docs/tuning.md) reaches the step; the study's base
     restores optax's 1e-8 and the warm start it ran from so its recorded arms (docs/results.md)
     reproduce."""
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
     assert config_lib.build(config, 1).step.algo.adam_eps == pytest.approx(1e-3)
@@ -294,7 +296,7 @@ def test_sokoban_default_decays_its_rate_and_the_study_does_not():
     """The Sokoban default's last 150 of 400 steps run at a falling rate (docs/tuning.md);
     the decay follows a shorter `train.steps`, and the recorded study, which ran at a constant
     rate (docs/results.md), keeps it."""
-    from ragen_jax import config as config_lib
+    from ragen_jax.run import config as config_lib
 
     config = config_lib.load_config_file(CONFIG)
     step = config_lib.build(config, 1).step
@@ -306,8 +308,8 @@ def test_sokoban_default_decays_its_rate_and_the_study_does_not():
 
 
 def test_action_temperature_reaches_the_rollout_and_not_validation():
-    from ragen_jax import config as config_lib
-    from ragen_jax.evaluation import EvalConfig
+    from ragen_jax.run import config as config_lib
+    from ragen_jax.training.validation import EvalConfig
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
 
@@ -325,8 +327,8 @@ def test_action_temperature_reaches_the_rollout_and_not_validation():
 
 
 def test_frozenlake_slip_reaches_the_env():
-    from ragen_jax import config as config_lib
     from ragen_jax.envs import registry
+    from ragen_jax.run import config as config_lib
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
 

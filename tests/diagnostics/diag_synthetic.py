@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.rollout import Trajectories
+from ragen_jax.rollout.play import Trajectories
 
 
 def build(system, rows, obs_len, gen_len):

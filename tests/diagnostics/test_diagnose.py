@@ -9,15 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from diag_synthetic import build, random_rows
 from flax import nnx
 
 from ragen_jax.diagnostics import pairs as P
 from ragen_jax.diagnostics.buffer_scoring import mean_and_sum
 from ragen_jax.diagnostics.cross_scoring import cross_score
 from ragen_jax.diagnostics.diagnose import (DiagnosticsConfig, DiagnosticsState, _score, action_reasoning_scores,
-                                           buffer_cache, diagnose)
+                                            buffer_cache, diagnose)
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask, token_logprobs
+
+from diag_synthetic import build, random_rows
 
 # A toy board game in token ids: the observation is [turn, 4 board cells, <think>]; the agent
 # writes [board copy, note, </think>, note + 10, end]: z = copy + note, a = [</think>, answer, end].
@@ -187,7 +188,7 @@ def test_a_data_mesh_scores_rows_per_device_with_the_same_metrics(traj, copy_mod
     """On a mesh that splits only `data`, every device prefills and scores its own rows
     (sharding.per_device_rows; 8 devices: 2 rows each, one per-turn sample each): the metrics of
     one device, up to float rounding."""
-    from ragen_jax import sharding
+    from ragen_jax.run import sharding
 
     mesh = sharding.make_mesh((8, 1, 1))
     _, want, _, (state, _, _), _ = results

@@ -20,10 +20,10 @@ from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import losses
-from ragen_jax.rollout import RolloutConfig, model_policy, rollout
+from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs
+from ragen_jax.rollout.play import RolloutConfig, model_policy, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
-from ragen_jax.batch import batch_from_trajectories, policy_logprobs
 
 GROUPS, MEMBERS = 6, 4
 ROLLOUT = RolloutConfig(num_groups=GROUPS, group_size=MEMBERS, max_turns=1, max_actions_per_turn=2,

@@ -5,12 +5,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from diag_synthetic import build, random_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.diagnostics import pairs as P
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics
+
+from diag_synthetic import build, random_rows
 
 GROUPS, SIZE, TURNS, OBS, GEN, ANSWER = 3, 4, 3, 5, 6, 3
 BATCH = GROUPS * SIZE
@@ -167,7 +168,7 @@ def test_pairs_of_a_real_rollout_decode_to_the_turn_text():
     `</think>`, a starts at it. A scripted policy writes known text each turn."""
     from ragen_jax.envs import registry
     from ragen_jax.models import hf, sampling
-    from ragen_jax.rollout import Policy, RolloutConfig, rollout
+    from ragen_jax.rollout.play import Policy, RolloutConfig, rollout
     from ragen_jax.text.codec import TextCodec
     from ragen_jax.text.prompt import PromptTemplate
 

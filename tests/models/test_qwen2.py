@@ -7,8 +7,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import (PRESETS, Qwen2Config, init_model, logprobs_at, positions_from_mask,
-                                    rope_frequencies)
+from ragen_jax.models.qwen2 import PRESETS, Qwen2Config, init_model, logprobs_at, positions_from_mask, rope_frequencies
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
 
@@ -188,8 +187,8 @@ def test_the_inference_copy_gives_the_same_numbers(hf_models, batch):
     bfloat16 once instead of cast at every use — bitwise the same logits; float32 compute keeps
     the weights as they are; under a mesh that splits the model the embedding/head is whole on
     every device and the rest stays split."""
-    from ragen_jax import sharding
     from ragen_jax.models.qwen2 import for_inference
+    from ragen_jax.run import sharding
 
     model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")
     cast = for_inference(model)

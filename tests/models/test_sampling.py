@@ -143,9 +143,9 @@ def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
     sequences with padding and holes (MLP chunks of 14 rows, attention chunks of 2 sequences,
     each with a padded last chunk): transformers' next-token logits, and the one-piece
     prefill's cache."""
-    from hf_reference import hf_logits
-
     from ragen_jax.models import qwen2
+
+    from hf_reference import hf_logits
 
     torch_model, model = untied
     rng = np.random.default_rng(3)
@@ -217,8 +217,8 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     """`generate(mesh=...)` splits the batch over the mesh's devices, each generating its own
     rows (filled in row chunks, forced here to 2 of each device's 3 rows, the last padded): the
     tokens, lengths and log-probs of the same call on one device, sampled with early stops."""
-    from ragen_jax import sharding
     from ragen_jax.models import qwen2
+    from ragen_jax.run import sharding
 
     model = untied[1]
     ids, mask = prompts_with_holes(6, seed=9)
@@ -241,8 +241,8 @@ def test_row_chunks_apply_per_device_inside_a_shard_map_only():
     device runs its own rows, no collectives) and not in a jit over an automatic mesh."""
     from jax.sharding import PartitionSpec
 
-    from ragen_jax import sharding
     from ragen_jax.models import qwen2
+    from ragen_jax.run import sharding
 
     mesh = sharding.make_mesh((2, 1, 1))
     seen = []

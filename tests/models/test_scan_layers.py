@@ -151,7 +151,7 @@ def test_scanned_model_exports_per_layer_tensors_that_transformers_loads(models,
 
 
 def test_stacked_load_onto_a_mesh_reads_each_shard(hf_models, holey):
-    from ragen_jax import sharding
+    from ragen_jax.run import sharding
 
     mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
     path = hf_models["untied"][1]
@@ -174,8 +174,8 @@ def test_layout_conversions_round_trip():
 
 @pytest.mark.parametrize("saved_scanned", [False, True])
 def test_a_checkpoint_restores_its_policy_into_either_layout(tmp_path, saved_scanned):
-    from ragen_jax.checkpoint import Checkpoints
-    from ragen_jax.train_step import TrainState
+    from ragen_jax.run.checkpoint import Checkpoints
+    from ragen_jax.training.step import TrainState
 
     cfg = Qwen2Config.preset("tiny", scan_layers=saved_scanned)
     saved = init_model(cfg, jax.random.key(0))

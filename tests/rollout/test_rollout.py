@@ -6,12 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from agent_setup import ScriptedPolicy, text_parts, scripted_texts
 
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
-from ragen_jax.rollout import RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, initial_states, model_policy, rollout
 from ragen_jax.text.answer_re import parse_answer_text
+
+from agent_setup import ScriptedPolicy, scripted_texts, text_parts
 
 CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=24)

@@ -8,13 +8,14 @@ from fractions import Fraction
 import jax
 import numpy as np
 import pytest
-from agent_setup import ScriptedPolicy, text_parts, scripted_texts
 
 from ragen_jax.envs.countdown import CountdownState
 from ragen_jax.models import hf
-from ragen_jax.rollout import RolloutConfig, rollout
+from ragen_jax.rollout.play import RolloutConfig, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
+
+from agent_setup import ScriptedPolicy, scripted_texts, text_parts
 
 CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=2, max_actions_per_turn=1, max_actions_per_traj=2,
                        max_new_tokens=100)

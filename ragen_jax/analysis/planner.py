@@ -1,0 +1,596 @@
+"""The planner (`python -m ragen_jax.plan --config configs/<real-model config>.py --mesh DATAxFSDPxTENSOR`).
+
+Memory and FLOPs of the real train step for a model size and a device mesh, without
+allocating a single weight: the model is built with `nnx.eval_shape`, the train state is a
+tree of `jax.ShapeDtypeStruct`s carrying the mesh's shardings, and the step is compiled
+ahead of time (`jax.jit(...).lower(...).compile()`) on fake CPU devices laid out as the target
+mesh (`--xla_force_host_platform_device_count`). XLA's buffer assignment then says what one
+device holds (`memory_analysis()`), and its cost model counts FLOPs (`cost_analysis()`).
+
+The model's shapes and tokenizer come from `model.path` (a local Hugging Face directory: only
+its config.json and tokenizer files are read, never the weights), or from a built-in preset
+(`--model qwen2.5-7b`), in which case the built-in tokenizer lays out the token buffer.
+
+Printed per device: parameters, optimiser state, critic, reference (exact, from the
+shardings, next to the analytic count); the rollout's KV cache and the diagnostics'
+cross-scoring cache and working set (analytic); one micro-batch's forward+backward with and
+without rematerialisation (compiled: XLA CPU temporaries; and analytic in the compute dtype);
+the whole compiled step (arguments, outputs, temporaries); an estimated peak. FLOPs per step
+are the analytic count of what the implementation computes, next to XLA's count of the pieces
+it repeats (one micro-batch forward+backward, one decode step): XLA's cost analysis counts a
+loop body once, whatever its trip count, so the step's total cannot be read from it.
+
+The CPU compiler runs bfloat16 as float32 and does not schedule rematerialisation for memory,
+so its temporaries are upper bounds; the estimate uses the analytic activations. Called from
+Python on a TPU/GPU host, `plan` compiles for those devices instead. docs/scaling.md has the
+plans for Qwen2.5 0.5B–7B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+
+from ragen_jax.run.host_devices import with_device_count
+
+
+class PlanError(ValueError):
+    """A user mistake (printed as one line, exit code 2)."""
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+    if not match or min(int(g) for g in match.groups()) < 1:
+        raise PlanError(f"--mesh {text!r} must be DATAxFSDPxTENSOR with three sizes >= 1, e.g. 1x8x1")
+    return tuple(int(g) for g in match.groups())
+
+
+def use_fake_devices(count: int) -> None:
+    """Before jax is imported: `count` CPU devices. Afterwards jax keeps what it has."""
+    if "jax" in sys.modules:
+        return
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), count)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+# ----------------------------------------------------------------------------- analytic model
+
+
+def matmul_params(cfg) -> int:
+    """Weights of the transformer blocks' matmuls (what a token's forward multiplies by)."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return cfg.num_layers * (2 * cfg.hidden_size * q + 2 * cfg.hidden_size * kv
+                             + 3 * cfg.hidden_size * cfg.intermediate_size)
+
+
+def forward_flops(cfg, tokens: int, context: int, projected: int) -> float:
+    """Forward FLOPs of `tokens` query slots each attending `context` key slots (holes
+    included: the implementation computes masked scores too), `projected` of them projected
+    to the vocabulary."""
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context  # QKᵀ and PV per token
+    return tokens * (2 * matmul_params(cfg) + attention) + projected * 2 * cfg.hidden_size * cfg.vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The rollout buffer's static layout (the same arithmetic as `rollout.rollout`)."""
+
+    system: int
+    observation: int
+    generation: int
+    turns: int
+
+    @property
+    def turn(self) -> int:
+        return self.observation + self.generation
+
+    @property
+    def length(self) -> int:
+        return self.system + self.turns * self.turn
+
+    def observation_offset(self, t: int) -> int:
+        return self.system + t * self.turn
+
+    def generation_offset(self, t: int) -> int:
+        return self.observation_offset(t) + self.observation
+
+
+def buffer_layout(env, env_params, codec, prompt, rollout_config) -> Layout:
+    """The rollout buffer's layout for an env, its text tables and a rollout config."""
+    import jax
+
+    rows, cols = env.symbol_grid(env.reset(jax.random.key(0), env_params), env_params).shape
+    return Layout(system=int(prompt.system_ids.shape[0]), observation=prompt.observation_capacity(codec, rows, cols),
+                  generation=rollout_config.max_new_tokens, turns=rollout_config.max_turns)
+
+
+def analytic_flops(cfg, step_config, layout: Layout) -> dict[str, float]:
+    """Whole-batch FLOPs of one train step, by phase, every group kept (the filter can only
+    lower the update's share) and every decode running its full `max_new_tokens` (an early
+    stop of all rows ends a turn sooner)."""
+    r, algo = step_config.rollout, step_config.algo
+    b, s, k = r.batch, layout.length, layout.turns * layout.generation
+    rollout = forward_flops(cfg, b * layout.system, layout.system, b)
+    for t in range(layout.turns):
+        obs_end = layout.observation_offset(t) + layout.observation
+        rollout += forward_flops(cfg, b * layout.observation, obs_end, b)
+        rollout += forward_flops(cfg, b * layout.generation, layout.generation_offset(t) + layout.generation,
+                                 b * layout.generation)
+    # Training forwards run over the whole buffer; backward ≈ 2 × forward; rematerialised
+    # blocks run their forward once more. The vocabulary projection's chunks are always
+    # rematerialised (token_logprobs).
+    block = forward_flops(cfg, b * s, s, 0)
+    head = forward_flops(cfg, 0, 0, b * k)
+    passes = 4 if cfg.remat else 3
+    update = algo.epochs * (passes * block + 4 * head)
+    if algo.uses_reference:
+        update += algo.epochs * (block + head)
+    if algo.uses_critic:
+        update += block + algo.epochs * passes * block  # the value pass, then the critic's steps
+    out = {"rollout": rollout, "update": update}
+    d = step_config.diagnostics
+    if d is not None:
+        out["diagnostics"] = diagnostics_flops(cfg, d, r, layout) / d.compute_freq
+    out["total"] = sum(out.values())
+    return out
+
+
+def diagnostics_flops(cfg, d, r, layout: Layout) -> float:
+    """One diagnostics run (every `compute_freq` steps): the prefill of the batch's buffers
+    and the cross-scoring of every pair set (each continuation of W = max_new_tokens + 1 slots
+    re-run under each of its columns, over the prompt cache plus itself). Approximate: the
+    prompt width of the trajectory and per-turn sets is taken as the last turn's offset."""
+    b, w = r.batch, layout.generation + 1
+    width = layout.generation_offset(layout.turns - 1)
+    flops = forward_flops(cfg, b * width, width, 0)
+    first, last = layout.generation_offset(0), width
+    m = min(d.num_samples, b)
+    pairs = [(m * r.num_groups, first), (m * m, last)]  # first-turn, trajectory
+    if d.per_turn:
+        pairs.append((layout.turns * d.per_turn_samples ** 2, last))
+    if d.action_grounding:
+        pairs.append((b * r.group_size, first + w))
+    for count, prompt in pairs:
+        flops += forward_flops(cfg, count * w, prompt + w, count * w)
+    return flops
+
+
+def activation_bytes(cfg, rows: int, length: int, projected: int, remat: bool, sharded: bool = False,
+                     chunk: int = 128, query_block: int = 128) -> float:
+    """Analytic bytes of one micro-batch's forward+backward on one device (`rows` buffers of
+    `length` slots, `projected` vocabulary positions each) in the compute dtype, as a
+    TPU/GPU compiler lays it out: without remat every layer keeps its activations for the
+    backward pass — the linear ones and the attention scores (f32 scores and compute-dtype
+    probabilities, [heads, length, length]: this implementation materialises them); with remat
+    every layer keeps only its input, one layer's activations exist at a time, and of its
+    attention one query block's scores (each block is recomputed in its own backward pass).
+    Plus one block of vocabulary logits (f32 logits, exponentials, gradient: [rows × chunk
+    positions, vocab_chunk or the whole vocabulary]; `token_logprobs`). `sharded` (FSDP /
+    tensor): the weights gathered for compute — one layer's at a time with remat, every
+    layer's kept for the backward pass without — and the embedding/head matrices."""
+    import numpy as np
+
+    c = np.dtype(cfg.dtype).itemsize if cfg.dtype != "bfloat16" else 2
+    d, q, kv, i = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    linear = rows * length * (6 * d + 3 * q + 2 * kv + 4 * i) * c
+    queries = min(query_block, length) if remat else length
+    scores = rows * cfg.num_heads * queries * length * (4 + c)
+    block = linear + scores
+    vocab = min(cfg.vocab_chunk, cfg.vocab_size) if cfg.vocab_chunk else cfg.vocab_size
+    head = 3 * rows * min(chunk, projected) * vocab * 4 + rows * projected * d * c
+    kept = cfg.num_layers * rows * length * d * c + block if remat else cfg.num_layers * block
+    if sharded:
+        tables = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * d
+        kept += (matmul_params(cfg) // (cfg.num_layers if remat else 1) + tables) * c
+    return kept + head
+
+
+def cross_scoring_bytes(cfg, d, r, layout: "Layout") -> float:
+    """Analytic working set of the diagnostics' largest pair set on one device, beyond the
+    prefilled cache: each column step gathers its rows' prompt caches (`score_rows` rows at a
+    time, else all M, × prompt + continuation slots), runs the continuation (attention scores
+    [rows, heads, W, slots]) and projects W tokens per row to the vocabulary (f32 logits,
+    exponentials, log-probs; `vocab_chunk` entries at a time). Taken as not split over devices
+    (rows are gathered by data-dependent indices): an upper bound."""
+    c = 2 if cfg.dtype == "bfloat16" else 4
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * c
+    vocab = min(cfg.vocab_chunk, cfg.vocab_size) if cfg.vocab_chunk else cfg.vocab_size
+    w = layout.generation + 1
+    first, last = layout.generation_offset(0), layout.generation_offset(layout.turns - 1)
+    m = min(d.num_samples, r.batch)
+    sets = [(m, first, w), (m, last, w)]
+    if d.per_turn:
+        sets.append((d.per_turn_samples, last, w))
+    if d.action_grounding:
+        sets.append((r.batch, first + layout.generation, d.answer_tokens + 1))
+    sets = [(min(rows, d.score_rows or rows), prompt, width) for rows, prompt, width in sets]
+    return max(rows * (prompt + width) * kv + rows * cfg.num_heads * width * (prompt + width) * (4 + c)
+               + 3 * rows * width * vocab * 4 for rows, prompt, width in sets)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything `plan` measured and estimated (bytes are per device)."""
+
+    model: str
+    num_params: int
+    mesh: tuple[int, int, int]
+    dtype: str
+    param_dtype: str
+    remat: bool
+    micro_batch: int
+    layout: Layout
+    memory: dict  # name -> bytes per device
+    analytic: dict  # name -> bytes per device (what the formulas predict)
+    step: dict | None  # the compiled step's memory_analysis (bytes per device) and compile seconds
+    flops: dict  # analytic FLOPs per step by phase (whole mesh)
+    xla_flops: dict  # piece -> (XLA per device × devices, analytic) for the compiled pieces
+    seconds: dict  # compile seconds per piece
+
+    def estimate(self) -> dict:
+        """Peak bytes per device from the parts: the train state, plus the largest of the
+        phases' working sets — the rollout's KV cache, the diagnostics' cross-scoring cache
+        (both with the compute-dtype copy of the weights they run on), the update's gradients (summed over micro-batches, plus the optimiser's update of the
+        same size) and one micro-batch's activations. All analytic (compute dtype, remat as
+        configured): XLA's CPU compiler computes bfloat16 in float32 and does not schedule for
+        memory the way the TPU/GPU compilers do, so its temporaries are an upper bound."""
+        m, a = self.memory, self.analytic
+        state = sum(m[k] for k in ("parameters", "optimiser", "critic", "critic optimiser", "reference"))
+        phases = {"rollout": a["rollout KV cache"] + a["inference weights"],
+                  "diagnostics": a["cross-scoring cache"] + a["cross-scoring working set"] + a["inference weights"],
+                  "update": 3 * a["gradients"] + a[f"activations, remat {'on' if self.remat else 'off'}"]}
+        phase = max(phases, key=phases.get)
+        return {"state": state, "phase": phase, "working set": phases[phase], "peak": state + phases[phase]}
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["layout"]["length"] = self.layout.length
+        out["estimate"] = self.estimate()
+        return out
+
+
+_ABSTRACT = {}
+
+
+def _abstract(module, cfg):
+    """`nnx.eval_shape` of a module (cached: tracing the initialisers of a 7B model takes seconds)."""
+    from flax import nnx
+
+    if (module, cfg) not in _ABSTRACT:
+        _ABSTRACT[(module, cfg)] = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
+    return _ABSTRACT[(module, cfg)]
+
+
+def _bytes(tree) -> int:
+    """Bytes one device holds of a tree of ShapeDtypeStructs with shardings."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
+        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _text_setup(config, run, cfg):
+    """env, env params, codec and prompt for the config, with the model's tokenizer."""
+    from ragen_jax.envs import registry
+    from ragen_jax.models import hf
+    from ragen_jax.run.errors import ConfigError
+    from ragen_jax.text.codec import TextCodec
+    from ragen_jax.text.prompt import PromptTemplate
+
+    env, env_params = registry.make(run.env_name, **run.env_overrides)
+    try:
+        tokenizer = hf.load_tokenizer(config.model.path) if config.model.path else hf.load_tokenizer()
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.path={config.model.path!r}: {str(err).splitlines()[0]}") from None
+    per_turn = run.step.rollout.max_actions_per_turn
+    codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=cfg.vocab_size)
+    prompt = PromptTemplate.build(tokenizer, env, per_turn)
+    return env, env_params, codec, prompt
+
+
+def model_config(config, preset: str | None):
+    """The model's shapes: `model.path`'s config.json (no weights read), or a preset."""
+    from ragen_jax.models import hf
+    from ragen_jax.models.qwen2 import PRESETS, Qwen2Config
+    from ragen_jax.run.config import ConfigError, model_options
+
+    m = config.model
+    numerics = model_options(config)
+    if m.path:
+        path = os.path.join(m.path, "config.json")
+        if not os.path.isfile(path):
+            raise ConfigError(f"model.path={m.path!r} has no config.json (a local Hugging Face checkpoint directory)")
+        try:
+            return hf.config_from_hf(json.loads(open(path).read()), path, **numerics), os.path.basename(m.path.rstrip("/"))
+        except (ValueError, KeyError) as err:
+            raise ConfigError(f"{path}: {err}") from None
+    name = preset or (m.preset if m.preset in PRESETS else "")
+    if not name:
+        raise ConfigError("model.path is required by this config: a local Hugging Face checkpoint directory (only "
+                          "its config.json and tokenizer are read), or plan a preset's shapes with --model "
+                          f"{'|'.join(n for n in PRESETS if n.startswith('qwen'))}")
+    if name not in PRESETS:
+        raise ConfigError(f"--model {name!r} is not a known preset; allowed: {', '.join(PRESETS)}")
+    return Qwen2Config.preset(name, **numerics), name
+
+
+PIECES = ("remat-on", "remat-off", "decode")
+
+
+def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = True, pieces=PIECES,
+         log=lambda *a: None) -> Plan:
+    """Build the train step of `config` abstractly on a `mesh_shape` mesh of the devices
+    present (fake CPU devices from `main`) and measure it. `pieces`: which of the micro-batch
+    forward+backward ("remat-on", "remat-off") and the decode step ("decode") to compile."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ragen_jax.models.qwen2 import Qwen2
+    from ragen_jax.models.value import ValueModel
+    from ragen_jax.run import sharding
+    from ragen_jax.run.config import ConfigError, build
+    from ragen_jax.training.step import Trainer, TrainState
+
+    devices = jax.devices()
+    need = math.prod(mesh_shape)
+    if need > len(devices):
+        raise ConfigError(f"--mesh {'x'.join(map(str, mesh_shape))} needs {need} devices; this process has "
+                          f"{len(devices)} (run the plan in a fresh process: it makes as many fake CPU devices as "
+                          "the mesh needs)")
+    devices = devices[:need]
+    config = config.copy_and_resolve_references()
+    cfg, name = model_config(config, preset)
+    with config.unlocked():
+        config.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
+        if not config.model.path:
+            config.model.preset = name
+    run = build(config, len(devices))
+    mesh = sharding.make_mesh(run.mesh_shape, devices)
+    env, env_params, codec, prompt = _text_setup(config, run, cfg)
+    step_config = run.step
+    rcfg, algo = step_config.rollout, step_config.algo
+
+    abstract_model = _abstract(Qwen2, cfg)
+    trainer = Trainer(step_config, abstract_model, env, env_params, codec, prompt, mesh)
+    rep = sharding.replicated(mesh)
+
+    def placed(state):
+        shardings = sharding.module_shardings(state, mesh)
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+
+    def optimiser(tx, params):  # as Trainer.init_state: moments sharded like their parameters
+        shardings = sharding.optimizer_shardings(tx, params, mesh)
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            jax.eval_shape(tx.init, params), shardings)
+
+    def replicate(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=rep), tree)
+
+    policy = placed(nnx.state(abstract_model))
+    critic = placed(nnx.state(_abstract(ValueModel, cfg))) if algo.uses_critic else None
+    diagnostics = None
+    if step_config.diagnostics is not None:
+        from ragen_jax.diagnostics.diagnose import DiagnosticsState
+
+        diagnostics = replicate(jax.eval_shape(DiagnosticsState.create))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    state = TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+        key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
+        policy=policy, policy_opt=optimiser(trainer.actor_tx, policy),
+        critic=critic, critic_opt=None if critic is None else optimiser(trainer.critic_tx, critic),
+        reference=policy if algo.uses_reference else None,
+        empty_streak=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), diagnostics=diagnostics)
+
+    layout = buffer_layout(env, env_params, codec, prompt, rcfg)
+    row_shards = sharding.row_shards(mesh)
+    local_rows = rcfg.batch // row_shards
+    model_shards = mesh.shape["fsdp"] * mesh.shape["tensor"]
+    compute = jnp.dtype(cfg.dtype).itemsize
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * compute  # bytes per cached slot and row
+    param_bytes = jnp.dtype(cfg.param_dtype).itemsize
+    head_params = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * cfg.hidden_size
+    memory = {
+        "parameters": _bytes(policy),
+        "optimiser": _bytes(state.policy_opt),
+        "critic": _bytes(critic) if critic is not None else 0,
+        "critic optimiser": _bytes(state.critic_opt) if critic is not None else 0,
+        "reference": _bytes(state.reference) if state.reference is not None else 0,
+    }
+    analytic = {
+        "parameters": cfg.num_params() * param_bytes / model_shards,
+        "optimiser": 2 * cfg.num_params() * param_bytes / model_shards,  # AdamW: two moments
+        "critic": (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic is not None else 0,
+        "critic optimiser": 2 * (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic else 0,
+        "reference": cfg.num_params() * param_bytes / model_shards if algo.uses_reference else 0,
+        "rollout KV cache": local_rows * layout.length * kv,
+        # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)
+        # (stored in the compute dtype: no copy; the embedding/head whole on every device)
+        "inference weights": ((cfg.num_params() / model_shards if cfg.param_dtype != cfg.dtype else 0)
+                              + head_params * (1 - 1 / model_shards)) * compute,
+        "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
+                                if step_config.diagnostics is not None else 0),
+        "cross-scoring working set": (cross_scoring_bytes(cfg, step_config.diagnostics, rcfg, layout)
+                                      if step_config.diagnostics is not None else 0),
+        "gradients": cfg.num_params() * param_bytes / model_shards,
+    }
+    micro_rows = max(1, algo.micro_batch // row_shards)
+    k = layout.turns * layout.generation
+    for remat in (True, False):
+        analytic[f"activations, remat {'on' if remat else 'off'}"] = activation_bytes(
+            cfg, micro_rows, layout.length, k, remat, sharded=model_shards > 1)
+    seconds = {}
+    xla_flops = {}
+    if pieces:
+        log(f"compiling the pieces ({', '.join(pieces)}) ...")
+        piece = _pieces(cfg, mesh, policy, layout, algo.micro_batch, rcfg.batch, seconds, pieces)
+        memory.update(piece["memory"])
+        xla_flops.update(piece["flops"])
+    step = None
+    if compile_step:
+        log(f"compiling the whole train step on {need} devices (≈2 min for Qwen2.5-0.5B or 3B on 2 CPU cores; "
+            "--no-step skips it) ...")
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+        started = time.perf_counter()
+        with sharding.tracing_on(mesh):
+            compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(
+                state, trainer.codec, trainer.prompt).compile()
+        seconds["train step"] = time.perf_counter() - started
+        stats = compiled.memory_analysis()
+        step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
+        step["peak"] = step["argument"] + step["output"] - step["alias"] + step["temp"]
+    return Plan(model=name, num_params=cfg.num_params(), mesh=tuple(mesh_shape), dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, remat=cfg.remat, micro_batch=algo.micro_batch, layout=layout,
+                memory=memory, analytic=analytic, step=step, flops=analytic_flops(cfg, step_config, layout),
+                xla_flops=xla_flops, seconds=seconds)
+
+
+def _pieces(cfg, mesh, policy, layout: Layout, micro: int, batch: int, seconds: dict, which) -> dict:
+    """Compile the pieces the step repeats: the policy's forward+backward on one micro-batch
+    (with and without rematerialisation) and one decode step of the rollout at the last turn.
+    Returns their per-device temporaries and their FLOPs (XLA and analytic, whole mesh).
+
+    XLA counts a loop's body once, so the FLOPs are counted on the same pieces with every loop
+    of the model unrolled (layers not scanned, the vocabulary in one piece); the memory is the
+    piece's as configured."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ragen_jax.models.qwen2 import Qwen2, init_cache
+    from ragen_jax.rl.batch import Batch, policy_logprobs
+    from ragen_jax.run import sharding
+
+    devices = mesh.size
+    rows = sharding.ROWS if micro % sharding.row_shards(mesh) == 0 else None
+    s, k = layout.length, layout.turns * layout.generation
+
+    def array(shape, dtype, split_rows=True):
+        spec = jax.sharding.PartitionSpec(rows if split_rows else None, *([None] * (len(shape) - 1)))
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+
+    f32, i32 = jnp.float32, jnp.int32
+    mb = Batch(tokens=array((micro, s), i32), mask=array((micro, s), bool), query=array((micro, k), i32),
+               targets=array((micro, k), i32), loss_mask=array((micro, k), bool), old_logprobs=array((micro, k), f32),
+               rewards=array((micro, k), f32), advantages=array((micro, k), f32), returns=array((micro, k), f32),
+               old_values=array((micro, k), f32))
+    memory, flops = {}, {}
+    unrolled = dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)
+
+    def params_of(model_cfg):
+        if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
+            return policy
+        state = nnx.state(_abstract(Qwen2, model_cfg))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                            sharding.module_shardings(state, mesh))
+
+    def micro_batch_gradient(model_cfg):
+        graph = nnx.graphdef(_abstract(Qwen2, model_cfg))
+        params = params_of(model_cfg)
+
+        def loss(params, b):
+            logp, entropy = policy_logprobs(nnx.merge(graph, params), b, 1.0)
+            return jnp.sum(jnp.where(b.loss_mask, b.advantages * logp + 0.001 * entropy, 0.0))
+
+        return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, params),
+                       keep_unused=True).lower(params, mb).compile()
+
+    for remat in (True, False):
+        if f"remat-{'on' if remat else 'off'}" not in which:
+            continue
+        started = time.perf_counter()
+        compiled = micro_batch_gradient(dataclasses.replace(cfg, remat=remat))
+        seconds[f"micro-batch fwd+bwd (remat={remat})"] = time.perf_counter() - started
+        stats = compiled.memory_analysis()
+        memory[f"activations, remat {'on' if remat else 'off'}"] = int(stats.temp_size_in_bytes)
+        if remat == cfg.remat:  # what the compiled piece holds besides its temporaries
+            memory["micro-batch arguments"] = int(stats.argument_size_in_bytes)
+            memory["micro-batch inputs"] = _bytes(mb)
+            memory["gradients"] = int(stats.output_size_in_bytes)
+            fwd = forward_flops(cfg, micro * s, s, 0)
+            head = forward_flops(cfg, 0, 0, micro * k)
+            counted = compiled if unrolled == cfg else micro_batch_gradient(unrolled)
+            flops["micro-batch fwd+bwd"] = (_xla_flops(counted) * devices, (4 if remat else 3) * fwd + 4 * head)
+
+    if "decode" not in which:
+        return {"memory": memory, "flops": flops}
+    graph = nnx.graphdef(_abstract(Qwen2, unrolled))
+    kv = jax.eval_shape(lambda: init_cache(cfg, batch, s))
+    kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
+    cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
+                     jax.ShapeDtypeStruct(kv.v.shape, kv.v.dtype, sharding=kv_rows), array(kv.mask.shape, bool))
+    offset = layout.generation_offset(layout.turns - 1) + layout.generation - 1
+
+    def decode_step(params, cache, token, position, active):
+        model = nnx.merge(graph, params)
+        hidden, cache = model(token, position, active, cache, offset, offset + 1)
+        return model.logits(hidden[:, 0]), cache
+
+    started = time.perf_counter()
+    compiled = jax.jit(decode_step).lower(params_of(unrolled), cache, array((batch, 1), i32),
+                                          array((batch, 1), i32), array((batch, 1), bool)).compile()
+    seconds["decode step"] = time.perf_counter() - started
+    flops["decode step (last turn)"] = (_xla_flops(compiled) * devices, forward_flops(cfg, batch, offset + 1, batch))
+    return {"memory": memory, "flops": flops}
+
+
+def _xla_flops(compiled) -> float:
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0]
+    return float(analysis.get("flops", math.nan))
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:8.2f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:8.1f} MiB"
+
+
+def report(p: Plan) -> str:
+    d, f, t = p.mesh
+    lines = [f"{p.model}: {p.num_params / 1e9:.3f}B parameters ({p.param_dtype}), compute {p.dtype}, remat "
+             f"{'on' if p.remat else 'off'}, micro-batch {p.micro_batch}; mesh data={d} fsdp={f} tensor={t} "
+             f"({d * f * t} fake CPU devices)",
+             f"token buffer: {p.layout.length} slots = system {p.layout.system} + {p.layout.turns} turns × "
+             f"(observation {p.layout.observation} + generation {p.layout.generation})",
+             "", "memory per device             compiled / sharded      analytic"]
+    for name in ("parameters", "optimiser", "critic", "critic optimiser", "reference"):
+        lines.append(f"  {name:26s} {_gib(p.memory[name])}   {_gib(p.analytic[name])}")
+    for name in ("rollout KV cache", "inference weights", "cross-scoring cache", "cross-scoring working set", "gradients",
+                 "activations, remat on", "activations, remat off"):
+        measured = _gib(p.memory[name]) if name in p.memory else f"{'':12s}"
+        lines.append(f"  {name:26s} {measured}   {_gib(p.analytic[name])}")
+    lines.append("  (activations: one micro-batch's forward+backward; compiled = XLA CPU temporaries, bfloat16 run "
+                 "as float32)")
+    e = p.estimate()
+    lines += ["", f"estimated peak per device: {_gib(e['peak']).strip()} = state {_gib(e['state']).strip()} + "
+                  f"the {e['phase']} phase's working set {_gib(e['working set']).strip()}"]
+    if p.step:
+        s = p.step
+        lines += ["", f"whole train step, compiled ({p.seconds.get('train step', 0):.0f} s): arguments "
+                      f"{_gib(s['argument']).strip()}, outputs {_gib(s['output']).strip()} (aliased "
+                      f"{_gib(s['alias']).strip()}), temporaries {_gib(s['temp']).strip()}; peak "
+                      f"{_gib(s['peak']).strip()} per device"]
+    lines += ["", "FLOPs per step (analytic, whole mesh; every group kept, full-length decodes)"]
+    for name, value in p.flops.items():
+        lines.append(f"  {name:26s} {value:10.3e}" + ("   (one run / compute_freq)" if name == "diagnostics" else ""))
+    if p.xla_flops:
+        lines += ["", "FLOPs of the compiled pieces          XLA cost analysis    analytic   ratio"]
+        for name, (xla, ana) in p.xla_flops.items():
+            lines.append(f"  {name:34s} {xla:12.3e} {ana:12.3e}   {xla / ana:5.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""From a config to the objects a run needs: env, tokenizer, model, text tables, mesh, trainer.
+
+Shared by the train, evaluate and export commands, so all three see the same model and text
+for the same config. Nothing here compiles; bad paths raise one-line errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from ragen_jax.envs import registry
+from ragen_jax.models import hf
+from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, init_model, shard_model
+from ragen_jax.run import distributed, sharding
+from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
+from ragen_jax.run.config import ConfigError, RunConfig, build, model_options
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
+from ragen_jax.training.step import Trainer
+
+
+@dataclasses.dataclass
+class Experiment:
+    config: ml_collections.ConfigDict
+    run: RunConfig
+    env: Any
+    env_params: Any
+    tokenizer: Any
+    codec: TextCodec
+    prompt: PromptTemplate
+    model: Qwen2
+    mesh: jax.sharding.Mesh | None
+
+    def trainer(self) -> Trainer:
+        return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+
+
+def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
+    """The policy and its tokenizer: a local Hugging Face checkpoint (`model.path`), or the
+    built-in preset with the built-in tokenizer, randomly initialised from `seed` and then,
+    if `model.init` names a workdir, loaded with that run's latest policy."""
+    m = config.model
+    if m.path:
+        if not os.path.isdir(m.path):
+            raise ConfigError(f"model.path={m.path!r} is not a directory (a local Hugging Face checkpoint)")
+        try:
+            model = hf.load_pretrained(m.path, mesh, **model_options(config))
+            tokenizer = hf.load_tokenizer(m.path)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
+    else:
+        cfg = Qwen2Config.preset(m.preset, **model_options(config))
+        model = init_model(cfg, jax.random.key(config.seed))
+        tokenizer = hf.load_tokenizer()
+        if mesh is not None:
+            model = shard_model(model, mesh)
+    if m.init:
+        load_initial_weights(model, m.init)
+    return model, tokenizer
+
+
+WARM_STARTS = Path(__file__).parent / "assets" / "warm_start"
+
+
+def resolve_init(init: str) -> Path:
+    """`builtin:<name>` -> the shipped warm start's directory; anything else is a path."""
+    if init.startswith("builtin:"):
+        name = init[len("builtin:"):]
+        path = WARM_STARTS / name
+        if not path.is_dir():
+            shipped = sorted(p.name for p in WARM_STARTS.iterdir()) if WARM_STARTS.is_dir() else []
+            raise ConfigError(f"model.init={init!r}: no shipped warm start {name!r}; allowed: "
+                              f"{', '.join('builtin:' + n for n in shipped) or 'none'}")
+        return path
+    return Path(init)
+
+
+def load_initial_weights(model: Qwen2, init: str) -> None:
+    """Overwrite `model`'s weights from `init`: a training or SFT workdir (its latest orbax
+    checkpoint), a Hugging Face directory, or `builtin:<name>` (a shipped warm start)."""
+    from flax import nnx
+
+    path = resolve_init(init)
+    if (path / "checkpoints").is_dir():
+        if not restorable_steps(path):
+            raise CheckpointError(f"model.init={init!r} has no checkpoint under {path / 'checkpoints'}")
+        nnx.update(model, restore_policy(path, None, nnx.state(model))[1])
+        return
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints nor a Hugging Face "
+                          "directory (config.json + safetensors)")
+    try:
+        source = hf.load_pretrained(path, dtype=model.cfg.dtype, param_dtype=model.cfg.param_dtype,
+                                    scan_layers=model.cfg.scan_layers)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.init={init!r}: {str(err).splitlines()[0]}") from None
+    want = jax.tree.map(lambda x: x.shape, nnx.state(model))
+    got = jax.tree.map(lambda x: x.shape, nnx.state(source))
+    if want != got:
+        raise ConfigError(f"model.init={init!r} holds a model of another shape than model.preset="
+                          f"{model.cfg!r:.60}…")
+    nnx.update(model, jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
+                                   nnx.state(source), nnx.state(model)))
+
+
+def make_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
+    devices = list(devices if devices is not None else jax.devices())
+    run = build(config, len(devices))
+    mesh = None if run.mesh_shape == (1, 1, 1) else sharding.make_mesh(run.mesh_shape, devices)
+    env, env_params = registry.make(run.env_name, **run.env_overrides)
+    model, tokenizer = load_model(config, mesh)
+    per_turn = run.step.rollout.max_actions_per_turn
+    try:
+        codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=model.cfg.vocab_size)
+        prompt = PromptTemplate.build(tokenizer, env, per_turn)
+    except ValueError as err:
+        raise ConfigError(f"the tokenizer cannot render {run.env_name}: {str(err).splitlines()[0]}") from None
+    return Experiment(config, run, env, env_params, tokenizer, codec, prompt, model, mesh)
+
+
+def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experiment, int]:
+    """The experiment of a training workdir with its policy restored from a checkpoint (the
+    latest, or `step`): parameters only, no optimiser state, onto the devices present (the
+    saved mesh when it fits them, else data parallelism over all of them)."""
+    import json
+    from pathlib import Path
+
+    from flax import nnx
+
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise ConfigError(f"workdir {workdir} does not exist")
+    saved = workdir / "config.json"
+    if not saved.is_file():
+        raise ConfigError(f"{saved} does not exist: {workdir} is not a training workdir")
+    try:
+        config = ml_collections.ConfigDict(json.loads(saved.read_text()))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{saved} is not valid JSON ({err})") from None
+    steps = restorable_steps(workdir)
+    if not steps:
+        raise CheckpointError(f"{workdir} has no checkpoint (expected {workdir.absolute()}/checkpoints/<step>)")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"no checkpoint for step {step} in {workdir.absolute() / 'checkpoints'} "
+                              f"(available: {', '.join(map(str, steps))})")
+    devices = list(devices if devices is not None else jax.devices())
+    try:
+        build(config, len(devices))
+    except ConfigError:  # the saved mesh does not fit these devices: plain data parallelism
+        config.mesh.update(data=-1, fsdp=1, tensor=1)
+    config.model.init = ""  # the checkpoint replaces the initial weights
+    exp = make_experiment(config, devices)
+    step, policy = restore_policy(workdir, step, nnx.state(exp.model))
+    nnx.update(exp.model, policy)
+    return exp, step
+
+
+def restorable_steps(workdir) -> list[int]:
+    """The steps of a workdir's checkpoints (none when it has no checkpoints directory)."""
+    if not (Path(workdir) / "checkpoints").is_dir():
+        return []
+    checkpoints = Checkpoints(workdir, read_only=True)
+    try:
+        return checkpoints.steps()
+    finally:
+        checkpoints.close()
+
+
+def restore_policy(workdir, step: int | None, like) -> tuple[int, Any]:
+    """(step, policy parameters) of checkpoint `step`, or with None of the newest one that
+    restores: each newer one that does not is named in a warning line on stderr."""
+    checkpoints = Checkpoints(workdir, read_only=True)
+    try:
+        if step is not None:
+            return step, checkpoints.restore_policy(step, like)
+        step, policy, damaged = checkpoints.restore_newest(lambda s: checkpoints.restore_policy(s, like))
+    finally:
+        checkpoints.close()
+    for bad, err in damaged:
+        if distributed.is_lead():
+            print(f"warning: {err}; using step {step}, the newest checkpoint that restores", file=sys.stderr)
+    return step, policy

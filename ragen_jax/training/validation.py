@@ -1,0 +1,306 @@
+"""Validation rollouts (docs/method.md#validation): fixed seeds, `num_envs` levels ×
+`samples_per_env` attempts, temperature 0.5; success, mean return, valid-action rate, pass@k.
+
+Every key comes from `EvalConfig.seed` alone: the levels (reset keys) and the sampling keys
+are the same at every validation of a run and in `python -m ragen_jax.evaluate`, whatever the
+training key, so the same parameters always give the same numbers and two checkpoints are
+compared on the same levels.
+
+The rollout is compiled once per static setting (the model's graph, env, env params,
+configs, mesh); the parameters and text tables are arguments, so validating new weights
+never recompiles:
+
+    validator = Validator(model, env, env_params, codec, prompt, EvalConfig(), train_rollout)
+    metrics, traj = validator(nnx.state(model))          # or the train state's `policy`
+    print(render_trajectories(traj, tokenizer, action_names=env.action_names, prompt=prompt,
+                              group_size=validator.rollout.group_size))
+
+pass@k: each level is attempted k = `samples_per_env` times (a group sharing the initial
+state); pass@k is the fraction of levels solved at least once. With k = 1 it equals success.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ragen_jax.envs.base import Environment
+from ragen_jax.models import sampling
+from ragen_jax.models.qwen2 import for_inference
+from ragen_jax.rollout.play import (Policy, RolloutConfig, RowPart, Trajectories, initial_states, model_policy, rollout,
+                                    rollout_on_mesh)
+from ragen_jax.run import sharding
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
+from ragen_jax.training.step import rollout_metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Static validation settings; turn and token budgets come from the training rollout."""
+
+    num_envs: int = 32  # levels (groups)
+    samples_per_env: int = 1  # attempts per level: the k of pass@k
+    temperature: float = 0.5
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 1234  # the only source of the levels and of the sampling keys
+
+    def __post_init__(self):
+        for name, low in (("num_envs", 1), ("samples_per_env", 1), ("top_k", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"eval.{name}={value!r} must be an integer >= {low}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not np.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"eval.temperature={self.temperature!r} must be a finite number >= 0 (0: greedy)")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"eval.top_p={self.top_p!r} must be in (0, 1]")
+
+    @property
+    def sampling(self) -> sampling.SamplingParams:
+        return sampling.SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p),
+                                       top_k=int(self.top_k))
+
+    def rollout_config(self, train_rollout: RolloutConfig) -> RolloutConfig:
+        """The validation rollout: `num_envs` groups of `samples_per_env`, this config's
+        sampling, and the training rollout's turns, action budgets, tokens per turn and format
+        penalty (so validation measures the task the policy is trained on). Env noise is drawn
+        independently per sample (`shared_env_noise` off): the samples of a level are independent
+        attempts, as pass@k assumes. Every token is drawn with this config's sampling (a training
+        `action_sampling` is exploration, not part of the policy validated)."""
+        return dataclasses.replace(train_rollout, num_groups=int(self.num_envs), group_size=int(self.samples_per_env),
+                                   sampling=self.sampling, action_sampling=None, shared_env_noise=False)
+
+    def key(self) -> jax.Array:
+        """The validation rollout's key: `rollout` resets the levels with `split(key)[0]`."""
+        return jax.random.key(int(self.seed))
+
+    def start_states(self, env: Environment, env_params: Any, train_rollout: RolloutConfig):
+        """The validation rollout's start state of every row, on the host (for host-side
+        analyses of the validation levels: solvers, ceilings, plan grading)."""
+        config = self.rollout_config(train_rollout)
+        return jax.device_get(initial_states(jax.random.split(self.key())[0], env, env_params, config))
+
+
+def validation_metrics(traj: Trajectories, samples_per_env: int) -> dict[str, jax.Array]:
+    """success, return, valid_action_rate, actions, turns, response_length, reasoning_length
+    (the training rollout's metrics without their prefix) and pass@k, as f32 scalars."""
+    metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj).items()}
+    solved = traj.success.reshape(-1, samples_per_env).any(axis=1)
+    metrics["pass@k"] = solved.astype(jnp.float32).mean()
+    return metrics
+
+
+def validation_rollout(
+    policy_for: Callable[[RowPart | None], Policy],
+    env: Environment,
+    env_params: Any,
+    codec: TextCodec,
+    prompt: PromptTemplate,
+    eval_config: EvalConfig,
+    train_rollout_config: RolloutConfig,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[dict[str, jax.Array], Trajectories]:
+    """Traceable: the validation rollout of any policy (`policy_for(part)`: a model's, or a
+    scripted one in tests) and its metrics as f32 scalars, on `mesh` as the train step's
+    (`rollout_on_mesh`: per device on a data-only mesh). Keys from `eval_config.seed` only."""
+    config = eval_config.rollout_config(train_rollout_config)
+    traj = rollout_on_mesh(
+        lambda part, rows: rollout(eval_config.key(), policy_for(part), env, env_params, codec, prompt, config,
+                                   shard_rows=rows, part=part),
+        config.batch, mesh)
+    return validation_metrics(traj, config.group_size), traj
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "env", "env_params", "eval_config", "train_rollout_config",
+                                             "mesh"))
+def _validate_compiled(params_state, codec, prompt, *, graph, env, env_params, eval_config, train_rollout_config,
+                       mesh):
+    """The compiled validation: jit's cache holds one executable per static setting (graph,
+    env, env params, configs, mesh), shared by every `Validator` and `validate` call."""
+    model = for_inference(nnx.merge(graph, params_state))  # only run forward
+    config = eval_config.rollout_config(train_rollout_config)
+    return validation_rollout(lambda part: model_policy(model, codec, prompt, config, part), env, env_params,
+                              codec, prompt, eval_config, train_rollout_config, mesh)
+
+
+class Validator:
+    """Validation of one policy architecture: `validator(params_state)` -> (metrics as python
+    floats, Trajectories). The first call compiles; later calls (new weights) do not.
+
+    `policy_model` gives the graph (its weights are not kept); `params_state` is an
+    `nnx.State` of that graph, e.g. `nnx.state(model)` or a train state's `policy`. With a
+    `mesh`, trajectory rows are split over its data×fsdp axes like the train step's.
+    """
+
+    def __init__(self, policy_model: nnx.Module, env: Environment, env_params: Any, codec: TextCodec,
+                 prompt: PromptTemplate, eval_config: EvalConfig = EvalConfig(),
+                 train_rollout_config: RolloutConfig = RolloutConfig(), mesh: jax.sharding.Mesh | None = None):
+        self.graph = nnx.graphdef(policy_model)
+        self.env, self.env_params, self.codec, self.prompt, self.mesh = env, env_params, codec, prompt, mesh
+        self.eval_config, self.train_rollout_config = eval_config, train_rollout_config
+        self.rollout = eval_config.rollout_config(train_rollout_config)
+
+    def __call__(self, params_state: nnx.State) -> tuple[dict[str, float], Trajectories]:
+        with sharding.tracing_on(self.mesh):
+            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, graph=self.graph,
+                                               env=self.env, env_params=self.env_params,
+                                               eval_config=self.eval_config,
+                                               train_rollout_config=self.train_rollout_config, mesh=self.mesh)
+        return {name: float(value) for name, value in jax.device_get(metrics).items()}, traj
+
+
+def validate(
+    policy_model: nnx.Module,
+    env: Environment,
+    env_params: Any,
+    codec: TextCodec,
+    prompt: PromptTemplate,
+    eval_config: EvalConfig = EvalConfig(),
+    train_rollout_config: RolloutConfig = RolloutConfig(),
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[dict[str, float], Trajectories]:
+    """One validation of `policy_model`'s current weights: (metrics, Trajectories).
+
+    Metrics (python floats): success, return, valid_action_rate, actions, turns,
+    response_length, reasoning_length, pass@k (k = eval_config.samples_per_env). The compiled
+    rollout is shared with every `Validator` of the same static setting, so calling this again
+    with new weights of the same model does not recompile.
+    """
+    validator = Validator(policy_model, env, env_params, codec, prompt, eval_config, train_rollout_config, mesh)
+    return validator(nnx.state(policy_model))
+
+
+# ----------------------------------------------------------------------------- readable text
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    system_len: int  # slots before turn 1's observation
+    gen_len: int  # generation slots per turn
+    offsets: tuple[int, ...]  # each turn's generation slot
+
+    def observation(self, turn: int) -> slice:
+        start = self.system_len if turn == 0 else self.offsets[turn - 1] + self.gen_len
+        return slice(start, self.offsets[turn])
+
+    def generation(self, turn: int) -> slice:
+        return slice(self.offsets[turn], self.offsets[turn] + self.gen_len)
+
+
+def _layout(traj: Trajectories, prompt: PromptTemplate | None) -> _Layout:
+    """The buffer's segments, from the turn offsets and the buffer length (the last turn's
+    generation ends the buffer); the system length from `prompt` or from two turns' spacing."""
+    offsets = tuple(int(o) for o in traj.turn_offsets)
+    if not offsets:
+        raise ValueError("the trajectories have no turn offsets (not made by ragen_jax.rollout.play.rollout)")
+    gen_len = traj.tokens.shape[1] - offsets[-1]
+    if prompt is not None:
+        system_len = int(prompt.system_ids.shape[0])
+    elif len(offsets) > 1:
+        system_len = offsets[0] - (offsets[1] - offsets[0] - gen_len)
+    else:
+        system_len = 0  # one turn and no prompt: the system text is shown with turn 1's observation
+    return _Layout(system_len, gen_len, offsets)
+
+
+def _default_rows(batch: int, group_size: int, count: int) -> list[int]:
+    """First sample of each level, then second samples, ...: distinct levels first."""
+    group_size = max(1, min(group_size, batch))
+    order = [g * group_size + m for m in range(group_size) for g in range(batch // group_size)]
+    listed = set(order)
+    order += [b for b in range(batch) if b not in listed]
+    return order[:count]
+
+
+def render_trajectories(
+    traj: Trajectories,
+    tokenizer,
+    count: int = 4,
+    *,
+    action_names: Sequence[str] | None = None,
+    prompt: PromptTemplate | None = None,
+    group_size: int = 1,
+    rows: Sequence[int] | None = None,
+) -> str:
+    """A few trajectories as text a person can read.
+
+    For each trajectory: a header (row, level, sample), then per turn played the decoded
+    observation (what the model was shown, chat markers included), the model's generation,
+    the parsed actions (names when `action_names` are given, e.g. `env.action_names`) and the
+    turn's reward; then the return and success. `rows` picks trajectories; by default
+    `count` of them, distinct levels first (`group_size` = samples per level). `prompt`
+    separates the system message (shown once at the top) from turn 1's observation; without
+    it the layout is inferred from the turn offsets (with a single turn the system message
+    stays in turn 1's observation).
+    """
+    host = jax.device_get(traj)
+    tokens, mask = np.asarray(host.tokens), np.asarray(host.mask)
+    batch = tokens.shape[0]
+    layout = _layout(traj, prompt)
+    if rows is None:
+        rows = _default_rows(batch, group_size, max(0, int(count)))
+    rows = [int(b) for b in rows]
+    for b in rows:
+        if not 0 <= b < batch:
+            raise ValueError(f"row {b} is out of range: the batch has {batch} trajectories")
+
+    def decode(ids) -> str:
+        return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def segment(b: int, where: slice) -> np.ndarray:
+        return tokens[b, where][mask[b, where]]
+
+    def action_name(a: int) -> str:
+        if action_names is not None and 1 <= a <= len(action_names):
+            return str(action_names[a - 1])
+        return f"action {a}"
+
+    group_size = max(1, int(group_size))
+    turn_active, turn_valid = np.asarray(host.turn_active), np.asarray(host.turn_valid)
+    turn_reward, turn_actions = np.asarray(host.turn_reward), np.asarray(host.turn_actions)
+    gen_lengths = np.asarray(host.gen_lengths)
+
+    out: list[str] = []
+    if rows and layout.system_len > 0:
+        out += ["#" * 72, "# System prompt (the same for every trajectory)", "#" * 72,
+                _block(decode(segment(rows[0], slice(0, layout.system_len)))), ""]
+    for n, b in enumerate(rows, start=1):
+        played = int(turn_active[b].sum())
+        success = bool(host.success[b])
+        where = f"level {b // group_size}, sample {b % group_size + 1} of {group_size}" if group_size > 1 \
+            else f"level {b}"
+        out += ["=" * 72,
+                f"Trajectory {n}/{len(rows)} (row {b}, {where}): return {float(host.episode_reward[b]):+.2f}, "
+                f"{'SUCCESS' if success else 'no success'}, {played} turn(s)",
+                "=" * 72]
+        for t in range(len(layout.offsets)):
+            if not turn_active[b, t]:
+                out.append(f"(episode over after turn {t}; turns {t + 1}-{len(layout.offsets)} not played)")
+                break
+            actions = [action_name(int(a)) for a in turn_actions[b, t] if int(a) > 0]
+            valid = bool(turn_valid[b, t])
+            parsed = (", ".join(actions) if actions else "the answer text (read by the env)") if valid \
+                else "none (invalid answer: format penalty, no env step)"
+            out += [f"---- Turn {t + 1} ----",
+                    "[observation]",
+                    _block(decode(segment(b, layout.observation(t)))),
+                    f"[model output] ({int(gen_lengths[b, t])} tokens)",
+                    _block(decode(segment(b, layout.generation(t)))),
+                    f"[parsed actions] {parsed}",
+                    f"[reward] {float(turn_reward[b, t]):+.2f}"]
+        out += [f"Final: return {float(host.episode_reward[b]):+.2f}, success: {'yes' if success else 'no'}, "
+                f"{int(host.num_actions[b])} env action(s) in {played} turn(s)", ""]
+    return "\n".join(out)
+
+
+def _block(text: str) -> str:
+    """Decoded text verbatim; an empty segment is marked so it is not mistaken for a gap."""
+    return text if text else "(empty)"

@@ -1,0 +1,84 @@
+"""The planner on the real Qwen2.5-0.5B shapes over 8 fake CPU devices (tests/conftest.py):
+nothing is allocated, one micro-batch's forward+backward of the scanned model (the real-size
+configs scan their layers) is compiled on an FSDP mesh, and
+the per-device parameter bytes — sharded abstract state and compiled executable alike —
+agree with the analytic count. The rollout is cut to one short turn to keep the compile
+quick; the model's shapes are the real ones."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen_jax.analysis import planner
+from ragen_jax.cli import plan
+from ragen_jax.models.qwen2 import Qwen2Config
+from ragen_jax.run import config as config_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "sokoban_qwen2p5_0p5b.py")
+SHORT = {"rollout.num_groups": "8", "rollout.group_size": "2", "rollout.max_turns": "1",
+         "rollout.max_new_tokens": "8", "algo.mini_batch_size": "16", "algo.micro_batch_size": "8",
+         "diagnostics.enabled": "false"}
+
+
+@pytest.fixture(scope="module")
+def result():
+    config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), SHORT)
+    return planner.plan(config, (1, 8, 1), preset="qwen2.5-0.5b", compile_step=False, pieces=("remat-on",))
+
+
+def test_parameter_bytes_match_the_analytic_count(result):
+    cfg = Qwen2Config.preset("qwen2.5-0.5b")
+    assert result.num_params == cfg.num_params() == 494_032_768  # Qwen2.5-0.5B's published count
+    # Under FSDP over 8 devices every matrix is split 8 ways; biases and norms (0.01% of the
+    # weights) stay whole on every device.
+    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    replicated = cfg.num_layers * (d + 2 * kv + 2 * d) + d
+    exact = ((cfg.num_params() - replicated) // 8 + replicated) * 4  # float32 storage
+    assert result.memory["parameters"] == exact
+    assert result.memory["parameters"] == pytest.approx(result.analytic["parameters"], rel=2e-3)
+    assert result.memory["optimiser"] == pytest.approx(2 * exact, abs=64)  # AdamW moments (+ a step count)
+    assert result.memory["critic"] == exact + d * 4 // 8  # + the value head, split over fsdp too
+    # The compiled executable holds exactly that on each device: its arguments are the
+    # parameter shards plus the micro-batch's rows; its outputs the gradient shards.
+    compiled = result.memory["micro-batch arguments"] - result.memory["micro-batch inputs"]
+    assert compiled == exact
+    assert result.memory["gradients"] == pytest.approx(exact, rel=1e-5)  # + the output tuple's bookkeeping
+
+
+def test_flops_and_activations_are_reported(result):
+    xla, analytic = result.xla_flops["micro-batch fwd+bwd"]
+    assert 0.9 < xla / analytic < 1.2
+    assert result.memory["activations, remat on"] > 0
+    assert result.flops["total"] == pytest.approx(result.flops["rollout"] + result.flops["update"])
+    assert np.isfinite(result.estimate()["peak"])
+    assert "parameters" in planner.report(result)
+
+
+@pytest.mark.parametrize("scan_layers", ["false", "true"])
+def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments(scan_layers):
+    """The whole-step path (`--no-step` not given), on the tiny model with its layers unrolled
+    and scanned: its compiled arguments are the sharded train state plus the text tables,
+    nothing replicated by mistake."""
+    tiny = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_tiny.py")),
+                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": "",
+                                       "model.scan_layers": scan_layers})
+    result = planner.plan(tiny, (2, 1, 1), compile_step=True, pieces=())
+    state = sum(result.memory[k] for k in ("parameters", "optimiser", "critic", "critic optimiser"))
+    assert state <= result.step["argument"] < state + 2**20  # + the codec's and prompt's tables
+    assert result.step["peak"] >= result.step["argument"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", CONFIG, "--mesh", "3x3"], "--mesh '3x3' must be DATAxFSDPxTENSOR"),
+    (["--config", CONFIG, "--mesh", "1x16x1"], "needs 16 devices"),
+    (["--config", CONFIG, "--mesh", "1x8x1"], "model.path is required"),
+    (["--config", CONFIG, "--mesh", "1x8x1", "--model", "qwen9"], "--model 'qwen9' is not a known preset"),
+    (["--config", CONFIG, "--mesh", "1x8x1", "--config.model.path=/no/such/dir"], "has no config.json"),
+])
+def test_bad_input_gives_one_line_and_exit_2(args, message, capsys):
+    code = plan.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

@@ -1,0 +1,136 @@
+"""Supervised warm start: demonstrations in the rollout's exact format, grounded reasoning,
+the fit lowers the loss, and the shipped warm starts load, play and read the board."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from ragen_jax.rollout.play import RolloutConfig
+from ragen_jax.training import sft
+
+from agent_setup import text_parts, tiny_model
+
+CONFIG = RolloutConfig(num_groups=12, group_size=1, max_turns=3, max_actions_per_turn=2, max_actions_per_traj=6,
+                       max_new_tokens=48)
+
+
+@pytest.fixture(scope="module", params=["SimpleSokoban", "FrozenLake"])
+def demos(request):
+    env, params, tok, codec, prompt = text_parts(request.param, CONFIG.max_actions_per_turn)
+    params = sft.deterministic(env, params)
+    traj = sft.demonstrations(jax.random.key(0), env, params, codec, prompt, tok, CONFIG, noise=0.0)
+    return env, tok, traj
+
+
+def turn_texts(tok, traj, b, t):
+    """(observation text, generated text) of turn t of row b, from the buffer."""
+    tokens, mask = np.asarray(traj.tokens[b]), np.asarray(traj.mask[b])
+    start = traj.turn_offsets[t]
+    prev = traj.turn_offsets[t - 1] if t else 0
+    obs = tok.decode(tokens[prev:start][mask[prev:start]])
+    gen = tok.decode(tokens[start:start + CONFIG.max_new_tokens][mask[start:start + CONFIG.max_new_tokens]])
+    return obs, gen
+
+
+def test_demonstrations_are_valid_turns_that_solve_most_levels(demos):
+    env, _, traj = demos
+    active, valid = np.asarray(traj.turn_active), np.asarray(traj.turn_valid)
+    assert active.any() and valid[active].all()  # every demonstrated turn parses
+    assert np.asarray(traj.success).mean() >= 0.75  # the solver's plans fit the budget mostly
+    assert np.asarray(traj.loss_mask).sum() == np.asarray(traj.gen_lengths).sum()
+
+
+def test_reasoning_names_the_current_state(demos):
+    """The reasoning's player coordinates are where `P` stands on that turn's board."""
+    env, tok, traj = demos
+    checked = 0
+    for b in range(CONFIG.batch):
+        for t in range(CONFIG.max_turns):
+            if not bool(traj.turn_active[b, t]):
+                continue
+            obs, gen = turn_texts(tok, traj, b, t)
+            board = obs.split("State:\n")[-1].split("\nYou have")[0].splitlines()
+            cells = [line.split(" ") for line in board]
+            where = [(r, c) for r, row in enumerate(cells) for c, s in enumerate(row) if s in ("P", "S")]
+            said = re.search(r"Player \((\d+), (\d+)\)", gen)
+            assert said and where and (int(said[1]), int(said[2])) == where[0], (obs, gen)
+            checked += 1
+    assert checked >= CONFIG.batch
+
+
+def test_frozenlake_reasoning_can_name_the_moves_into_holes():
+    """With `name_holes` the first turn's reasoning also lists, in action order, the moves from
+    the start that land in a hole (a plain loop over the lake's hole grid); without, it does not."""
+    import dataclasses
+
+    from ragen_jax.rollout.play import initial_states
+
+    env, params, *_ = text_parts("FrozenLake", CONFIG.max_actions_per_turn)
+    params = sft.deterministic(env, params)
+    config = dataclasses.replace(CONFIG, num_groups=48)
+    states = initial_states(jax.random.key(1), env, params, config)
+    named = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), 0.0, name_holes=True)
+    plain = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), 0.0)
+    steps = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    with_holes = 0
+    for b in range(config.batch):
+        holes, (r, c) = np.asarray(states.holes[b]), np.asarray(states.player[b])
+        near = [name for name, (dr, dc) in steps.items()
+                if 0 <= r + dr < holes.shape[0] and 0 <= c + dc < holes.shape[1] and holes[r + dr, c + dc]]
+        clause = f", holes: {', '.join(near) or 'none'}."
+        assert clause in named[b][0], (near, named[b][0])
+        assert plain[b][0] == named[b][0].replace(clause, "."), (plain[b][0], named[b][0])
+        with_holes += bool(near)
+    assert with_holes > 0
+
+
+def test_compacting_the_holes_away_changes_no_log_prob(demos):
+    """batch.compact (used by the fit) moves valid slots to the front: shorter rows, same numbers."""
+    from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
+
+    _, _, traj = demos
+    batch = batch_from_trajectories(traj, CONFIG.max_new_tokens)
+    short = compact(batch, multiple=8)
+    assert short.tokens.shape[1] < batch.tokens.shape[1]
+    assert short.tokens.shape[1] % 8 == 0 or short.tokens.shape[1] == batch.tokens.shape[1]
+    assert int(short.mask.sum()) == int(batch.mask.sum())
+    model = tiny_model(2)
+    want, _ = policy_logprobs(model, batch, 1.0)
+    got, _ = policy_logprobs(model, short, 1.0)
+    mask = np.asarray(batch.loss_mask)
+    assert mask.sum() > 0
+    np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(want)[mask], atol=1e-5)
+
+
+def test_fit_lowers_the_loss(demos):
+    env, tok, traj = demos
+    model = tiny_model(1)
+    losses = sft.fit(model, traj, sft.SFTConfig(epochs=4, batch_size=4, lr=3e-3, warmup_steps=1),
+                     CONFIG.max_new_tokens, log=lambda _: None)
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize("env, init", [("sokoban", ""), ("frozenlake", ""), ("frozenlake", "builtin:frozenlake-tiny")])
+def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
+    """configs/<env>_tiny.py starts from a shipped warm start (init "": the config's own; on
+    FrozenLake also the one before the noisy default, which the study runs from), which solves
+    levels and whose reasoning states the player's cell of the board it was shown (a board-blind
+    policy gives RL nothing to reinforce; ragen_jax.analysis.reasoning_check)."""
+    from ragen_jax.analysis import reasoning_check
+    from ragen_jax.run import distributed
+    from ragen_jax.run.config import load_config_file
+    from ragen_jax.run.experiment import make_experiment
+    from ragen_jax.training.validation import EvalConfig, validate
+
+    config = load_config_file(f"configs/{env}_tiny.py")
+    assert config.model.init.startswith(f"builtin:{env}-tiny")
+    config.model.init = init or config.model.init
+    config.mesh.data = 1
+    exp = make_experiment(config)
+    metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
+                             EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
+    assert metrics["valid_action_rate"] > 0.9 and metrics["success"] > 0.1, metrics
+    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt)
+    assert scores["reasoning/player_stated"] > 0.9 and scores["reasoning/player_right"] > 0.5, scores  # blind: ~0.06

@@ -66,7 +66,7 @@ def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
     return model, tokenizer
 
 
-WARM_STARTS = Path(__file__).parent / "assets" / "warm_start"
+WARM_STARTS = Path(__file__).resolve().parent.parent / "assets" / "warm_start"
 
 
 def resolve_init(init: str) -> Path:

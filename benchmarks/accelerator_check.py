@@ -117,7 +117,7 @@ def main(argv=None) -> int:
 
     state = trainer.init_state(jax.random.key(0), exp.model)
     started = time.perf_counter()
-    compiled = jax.jit(trainer._step, donate_argnums=0).lower(state, exp.codec, exp.prompt).compile()
+    compiled = jax.jit(trainer.step_fn, donate_argnums=0).lower(state, exp.codec, exp.prompt).compile()
     row["compile_s"] = time.perf_counter() - started
 
     rollout = jax.jit(trainer.play_rollout).lower(state.policy, jax.random.key(1), exp.codec, exp.prompt).compile()

@@ -31,7 +31,7 @@ def measure(config, steps: int) -> dict:
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
     with sharding.tracing_on(exp.mesh):
         started = time.perf_counter()
-        compiled = jax.jit(trainer._step, donate_argnums=0).lower(state, exp.codec, exp.prompt).compile()
+        compiled = jax.jit(trainer.step_fn, donate_argnums=0).lower(state, exp.codec, exp.prompt).compile()
         compile_s = time.perf_counter() - started
         times = []
         for _ in range(steps + 1):

@@ -446,7 +446,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         shardings = jax.tree.map(lambda x: x.sharding, state)
         started = time.perf_counter()
         with sharding.tracing_on(mesh):
-            compiled = jax.jit(trainer._step, donate_argnums=0, out_shardings=(shardings, rep)).lower(
+            compiled = jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, rep)).lower(
                 state, trainer.codec, trainer.prompt).compile()
         seconds["train step"] = time.perf_counter() - started
         stats = compiled.memory_analysis()

@@ -3,7 +3,7 @@
 Train an agent (the loop, what it writes and how it resumes: `ragen_jax.training.loop`). The
 workdir defaults to runs/<config name>. Exit codes: 0 done (or stopped early), 2 bad input
 (config, workdir, checkpoints; one line, checked before any work), 1 a write that failed during
-the run, 143 stopped by SIGTERM after a checkpoint. Several processes: `--coordinator HOST:PORT
+the run, 143 stopped by SIGTERM after a checkpoint, 130 interrupted (Ctrl-C). Several processes: `--coordinator HOST:PORT
 --num-processes N --process-id I` on each (auto-detected on TPU pod slices and SLURM).
 """
 
@@ -18,6 +18,8 @@ from ragen_jax.run.checkpoint import CheckpointError
 from ragen_jax.run.errors import ConfigError
 from ragen_jax.run.files import describe
 from ragen_jax.training.loop import EXIT_FAILED, EXIT_USAGE, train
+
+EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 
 
 def main(argv=None) -> int:
@@ -38,6 +40,9 @@ def main(argv=None) -> int:
     except OSError as err:  # a full disk (CheckpointWriteError among others): earlier checkpoints are intact
         print(f"error: {describe(err)}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # Ctrl-C, while compiling or training: the saved checkpoints stay as they are
+        print("interrupted; run the same command to resume from the last checkpoint", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -117,7 +117,7 @@ def gradient_norms(
     update's view of the rollout with advantages filled in (`ragen_jax.rl.batch.Batch`);
     group_of_row: int[B] group index of every row; buckets: int32[G] bucket of every group
     (`reward_std_buckets`); num_buckets: static bucket count. The other arguments are those of
-    the actor loss (`train_step.Trainer._actor_update`): log-probs at the sampling `temperature`, the
+    the actor loss (`ragen_jax.rl.update.actor_step`): log-probs at the sampling `temperature`, the
     clipped surrogate with (clip_low, clip_high, dual_clip), `aggregation`, and the KL to
     `reference_params` with `kl_estimator` (counted only when kl_coef > 0 and a reference is
     given; the reference log-probs are constants).

@@ -70,6 +70,17 @@ def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
     assert "SIGTERM" in stderr
 
 
+def test_ctrl_c_ends_with_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
+    """Ctrl-C while compiling or training: one line saying how to resume, no traceback."""
+    def interrupted(config, workdir, devices=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train", interrupted)
+    assert train.main(["--config", CONFIG, "--workdir", str(tmp_path / "w")]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted; run the same command" in err.strip().splitlines()[-1]
+
+
 def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_apart(tmp_path, capsys,
                                                                                         monkeypatch):
     args = ["--config", CONFIG, "--workdir", str(tmp_path), *SMALL, "--config.train.val_every=2"]

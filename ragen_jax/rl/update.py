@@ -1,0 +1,195 @@
+"""The update as pure functions: advantages, then optimiser steps over the kept rows.
+
+`Learner` holds what does not change during a run (the models' structure, the optimisers, the
+algorithm, where rows live on the mesh); every function takes it with the arrays it works on
+and returns new arrays. The optimiser steps run over the filter's kept rows only: a loop whose
+trip count depends on how many groups were kept (`filter.update` sets the steps' windows), and
+inside each step a loop over micro-batches that stops after the last one holding a loss token,
+so dropped groups cost no compute (docs/architecture.md#filtering-saves-compute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ragen_jax.rl import advantages as adv
+from ragen_jax.rl import filtering, losses
+from ragen_jax.rl.algorithms import AlgoConfig
+from ragen_jax.rl.batch import Batch, critic_values, policy_logprobs
+
+# What each optimiser step reports; their means over the steps are the update's metrics.
+UPDATE_STATS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/kl", "actor/clip_frac", "actor/approx_kl",
+                "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Learner:
+    """The update's static parts: the policy's (and PPO's critic's) structure, their
+    optimisers, the algorithm, the sampling temperature the log-probs are taken at, and
+    `rows`, which pins an array's rows across the mesh (identity without one)."""
+
+    policy_graph: Any
+    critic_graph: Any
+    actor_tx: optax.GradientTransformation
+    critic_tx: optax.GradientTransformation
+    algo: AlgoConfig
+    temperature: float
+    rows: Callable
+
+
+def token_entropy(learner: Learner, params, batch: Batch) -> jax.Array:
+    """Policy entropy [B, K] at every generated slot, one minibatch at a time."""
+    mb = learner.algo.mini_batch_size
+    model = nnx.merge(learner.policy_graph, params)
+    chunks = jax.tree.map(lambda a: split(a, mb), batch)
+    entropy = jax.lax.map(lambda b: policy_logprobs(model, b, learner.temperature)[1], chunks)
+    return entropy.reshape(batch.loss_mask.shape)
+
+
+def advantages(learner: Learner, critic_state, batch: Batch, episode_reward, rows, group_size: int) -> Batch:
+    """Fill advantages (and, for PPO, old values and returns) for the first `rows` rows
+    (groups whole, in order): group baselines without a critic (GRPO and its variants), GAE
+    with one (PPO), the critic run over those rows only, a minibatch at a time."""
+    algo = learner.algo
+    if not algo.uses_critic:
+        rewards = episode_reward.reshape(-1, group_size)
+        per_row = adv.group_advantages(rewards, normalise_std=algo.advantage == "grpo").reshape(-1)
+        return batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
+    mb = algo.mini_batch_size
+    critic = nnx.merge(learner.critic_graph, critic_state)
+
+    def value_pass(i, values):
+        v = critic_values(critic, learner.rows(jax.tree.map(lambda a: split(a, mb)[i], batch)))
+        return split(values, mb).at[i].set(v).reshape(values.shape)
+
+    values = jax.lax.fori_loop(0, (rows + mb - 1) // mb, value_pass, jnp.zeros_like(batch.rewards))
+    mask = batch.loss_mask & (jnp.arange(batch.loss_mask.shape[0]) < rows)[:, None]
+    gae_advantages, returns = adv.gae(batch.rewards, values, mask, algo.gamma, algo.lam)
+    return batch.replace(advantages=gae_advantages, returns=returns, old_values=values)
+
+
+def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, policy_opt, critic, critic_opt,
+             reference, batch: Batch, kept_rows, loss_scale, lr_factor):
+    """The optimiser steps over the kept rows (first in `batch`): `filter.update` decides how
+    many and which window of rows each trains on (a window of `mini_batch_size` rows whose rows
+    past the window's end are masked). Returns the new policy, its optimiser state, the new
+    critic and its optimiser state, the statistics summed over the steps, and the steps run."""
+    algo, mb, total_rows = learner.algo, learner.algo.mini_batch_size, batch.loss_mask.shape[0]
+    steps = filtering.update_steps(filter_config, kept_rows, total_rows, mb)
+    zero_stats = {name: jnp.float32(0.0) for name in (*UPDATE_STATS, "update/micro_batches")}
+
+    def one_step(i, carry):
+        params, opt, critic, critic_opt, totals = carry
+        start, end = filtering.step_rows(filter_config, i % steps, steps, kept_rows, mb)
+        window = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, mb), batch)
+        in_step = jnp.arange(mb) < end - start
+        # A window picked by a traced index lives on a few devices (the batch is split in
+        # contiguous blocks); pin its rows to the whole mesh again, or GSPMD replicates it
+        # and every device computes the whole minibatch.
+        mbatch = learner.rows(window.replace(loss_mask=window.loss_mask & in_step[:, None]))
+        step_scale = filtering.step_loss_scale(filter_config, loss_scale, end - start, mb)
+        params, opt, stats = actor_step(learner, params, opt, reference, mbatch, step_scale, lr_factor)
+        if algo.uses_critic:
+            critic, critic_opt, critic_stats = critic_step(learner, critic, critic_opt, mbatch, lr_factor)
+            stats.update(critic_stats)
+        totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
+        return params, opt, critic, critic_opt, totals
+
+    iterations = steps * algo.epochs
+    policy, policy_opt, critic, critic_opt, totals = jax.lax.fori_loop(
+        0, iterations, one_step, (policy, policy_opt, critic, critic_opt, zero_stats))
+    return policy, policy_opt, critic, critic_opt, totals, iterations
+
+
+def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor):
+    """One optimiser step of the policy on a minibatch: the clipped policy loss (times the
+    filter's `scale`), minus the entropy bonus, plus the KL penalty to `reference` when set."""
+    algo, temperature = learner.algo, learner.temperature
+    normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
+    token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
+
+    def loss_fn(p, b: Batch):
+        model = nnx.merge(learner.policy_graph, p)
+        logp, entropy = policy_logprobs(model, b, temperature)
+        pg, clipped = losses.policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
+                                         clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                         dual_clip=algo.dual_clip, aggregation=algo.aggregation,
+                                         normaliser=normaliser)
+        ent = losses.aggregate(entropy, b.loss_mask, algo.aggregation, normaliser)
+        total = scale * pg - algo.entropy_coef * ent
+        kl = jnp.float32(0.0)
+        if algo.uses_reference:
+            ref_logp, _ = policy_logprobs(nnx.merge(learner.policy_graph, reference), b, temperature)
+            kl = losses.aggregate(losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), algo.kl_estimator),
+                                  b.loss_mask, algo.aggregation, normaliser)
+            total = total + algo.kl_coef * kl
+        # token-weighted sums so the accumulated totals are minibatch means
+        weight = b.loss_mask.sum() / token_count
+        approx_kl = jnp.sum(jnp.where(b.loss_mask, b.old_logprobs - logp, 0.0)) / token_count
+        aux = {"actor/pg_loss": pg, "actor/entropy": ent, "actor/kl": kl, "actor/clip_frac": clipped * weight,
+               "actor/approx_kl": approx_kl}
+        return total, aux
+
+    loss, aux, grads, micro_batches = accumulate(learner, loss_fn, params, mbatch)
+    updates, opt = learner.actor_tx.update(grads, opt, params)
+    params = optax.apply_updates(params, scaled(updates, lr_factor))
+    return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
+                         "update/micro_batches": micro_batches.astype(jnp.float32)}
+
+
+def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor):
+    """One optimiser step of PPO's critic on a minibatch (clipped value loss, token mean)."""
+    algo = learner.algo
+    normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
+
+    def loss_fn(p, b: Batch):
+        values = critic_values(nnx.merge(learner.critic_graph, p), b)
+        loss = losses.value_loss(values, b.old_values, b.returns, b.loss_mask, clip=algo.value_clip,
+                                 normaliser=normaliser)
+        return loss, {}
+
+    loss, _, grads, _ = accumulate(learner, loss_fn, params, mbatch)
+    updates, opt = learner.critic_tx.update(grads, opt, params)
+    params = optax.apply_updates(params, scaled(updates, lr_factor))
+    return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
+
+
+def accumulate(learner: Learner, loss_fn, params, mbatch: Batch):
+    """Sum of (loss, aux, grads) over micro-batches, and how many ran; the losses use the
+    whole minibatch's normaliser, so the sum is the minibatch loss whatever the micro-batch
+    size. Kept rows come first, so the micro-batches after the last one with a loss token
+    hold only padding (the filter's dropped groups): their terms are exactly zero, and
+    they are not run — with ~30 rows kept of a 64-row minibatch, half the work."""
+    micro = learner.algo.micro_batch
+    micro = jax.tree.map(lambda a: a.reshape((a.shape[0] // micro, micro) + a.shape[1:]), mbatch)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    count = micro.loss_mask.shape[0]
+    has_tokens = micro.loss_mask.reshape(count, -1).any(axis=1)
+    needed = jnp.max(jnp.where(has_tokens, jnp.arange(1, count + 1), 0))
+
+    def body(i, acc):
+        one = jax.tree.map(lambda a: a[i], micro)
+        (loss, aux), grads = grad_fn(params, learner.rows(one))  # each micro-batch over the whole mesh
+        return jax.tree.map(jnp.add, acc, (loss, aux, grads))
+
+    (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, aux, grads))
+    loss, aux, grads = jax.lax.fori_loop(0, needed, body, zeros)
+    return loss, aux, grads, needed
+
+
+def scaled(updates, factor):
+    """An optimiser's updates times the learning-rate factor (AdamW's update, weight decay
+    included, is proportional to its rate)."""
+    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), updates)
+
+
+def split(a: jax.Array, size: int) -> jax.Array:
+    """[B, ...] -> [B / size, size, ...]: minibatches along the leading axis."""
+    return a.reshape((a.shape[0] // size, size) + a.shape[1:])

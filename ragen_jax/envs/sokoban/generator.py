@@ -1,12 +1,6 @@
-"""Sokoban in pure JAX: gym-sokoban's rules and its procedural level generator, made jittable.
+"""gym-sokoban's procedural level generator in pure JAX (docs/method.md#sokoban).
 
-The cell codes are gym-sokoban's, so a state can be compared with (or copied into) the
-reference environment array for array:
-
-    room_fixed: 0 wall, 1 floor, 2 target                    (what never moves)
-    room_state: 0 wall, 1 floor, 2 empty target, 3 box on target, 4 box, 5 player
-
-Level generation follows gym-sokoban's three stages (docs/method.md#sokoban):
+Three stages, as gym-sokoban's:
 1. topology: a random walk of `num_gen_steps` steps stamping 3×3 floor masks;
 2. placement: the player and `num_boxes` targets on distinct random floor cells, every box
    starting on its own target (the solved state);
@@ -25,15 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from ragen_jax.envs.base import Environment, Info, format_cells, is_valid_action
-
-WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER = 0, 1, 2, 3, 4, 5
-PLAYER_ON_TARGET = 6  # only in symbol grids: gym-sokoban draws it from room_fixed
-
-# Action k (1-based) moves by MOVES[k - 1]: Up, Down, Left, Right.
-MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)], dtype=np.int32)
+from ragen_jax.envs.sokoban.board import BOX, BOX_ON_TARGET, MOVES, PLAYER, TARGET, SokobanParams
 
 # gym-sokoban's random-walk directions and 3×3 floor masks.
 WALK_DIRECTIONS = np.array([(1, 0), (0, 1), (-1, 0), (0, -1)], dtype=np.int32)
@@ -49,94 +36,6 @@ FLOOR_MASKS = np.array(
 )
 # Each mask as a 9-bit number, bit 3 * row + col set where the mask has floor.
 FLOOR_MASK_BITS = (FLOOR_MASKS.reshape(len(FLOOR_MASKS), 9) << np.arange(9)).sum(1).astype(np.int32)
-
-STEP_PENALTY = -0.1
-BOX_ON_TARGET_REWARD = 1.0
-BOX_OFF_TARGET_PENALTY = -1.0
-FINISHED_REWARD = 10.0
-
-
-@struct.dataclass
-class SokobanParams:
-    """Static settings (they fix array shapes, so jit specialises on them)."""
-
-    dim_room: tuple[int, int] = struct.field(pytree_node=False, default=(6, 6))
-    num_boxes: int = struct.field(pytree_node=False, default=1)
-    max_steps: int = struct.field(pytree_node=False, default=100)
-    search_depth: int = struct.field(pytree_node=False, default=300)
-    # Random-walk steps of the topology; None means gym-sokoban's int(1.7 * (rows + cols)).
-    num_gen_steps: int | None = struct.field(pytree_node=False, default=None)
-    p_change_direction: float = struct.field(pytree_node=False, default=0.35)
-    # Reverse play: a beam this wide, expanded min(search_depth - 1, max_search_steps) times;
-    # None caps the rounds at (interior cells - 6), calibrated so that levels are as hard as
-    # gym-sokoban's (tests/envs/test_sokoban_generation.py measures both).
-    reverse_beam: int = struct.field(pytree_node=False, default=8)
-    max_search_steps: int | None = struct.field(pytree_node=False, default=None)
-    tie_swap: float = struct.field(pytree_node=False, default=0.2)
-    # Whole-level regenerations allowed before giving up (a try fails with probability ≪ 1%).
-    max_tries: int = struct.field(pytree_node=False, default=64)
-
-    def __post_init__(self):
-        rows, cols = self.dim_room
-        if rows < 5 or cols < 5:
-            raise ValueError(f"dim_room={tuple(self.dim_room)} is too small: rows and cols must be >= 5")
-        interior = (rows - 2) * (cols - 2)
-        if self.num_boxes < 1:
-            raise ValueError(f"num_boxes={self.num_boxes} must be >= 1")
-        if self.num_boxes + 1 >= interior:
-            raise ValueError(
-                f"num_boxes={self.num_boxes} does not fit dim_room={tuple(self.dim_room)}: "
-                f"boxes + player must be fewer than the {interior} interior floor cells"
-            )
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps={self.max_steps} must be >= 1")
-        if self.search_depth < 2:
-            raise ValueError(f"search_depth={self.search_depth} must be >= 2")
-        if self.num_gen_steps is not None and self.num_gen_steps < 1:
-            raise ValueError(f"num_gen_steps={self.num_gen_steps} must be >= 1 (or None)")
-        if not 0.0 <= self.p_change_direction <= 1.0:
-            raise ValueError(f"p_change_direction={self.p_change_direction} must be in [0, 1]")
-        for name in ("reverse_beam", "max_tries"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.max_search_steps is not None and self.max_search_steps < 1:
-            raise ValueError(f"max_search_steps={self.max_search_steps} must be >= 1 (or None)")
-        if not 0.0 <= self.tie_swap <= 1.0:
-            raise ValueError(f"tie_swap={self.tie_swap} must be in [0, 1]")
-
-    @property
-    def gen_steps(self) -> int:
-        if self.num_gen_steps is not None:
-            return self.num_gen_steps
-        return int(1.7 * (self.dim_room[0] + self.dim_room[1]))
-
-    @property
-    def search_steps(self) -> int:
-        # gym-sokoban's DFS starts with ttl=search_depth and stops at ttl<=0: depth-1 moves.
-        cap = self.max_search_steps
-        if cap is None:
-            cap = max(4, (self.dim_room[0] - 2) * (self.dim_room[1] - 2) - 6)
-        return min(self.search_depth - 1, cap)
-
-
-SIMPLE_SOKOBAN = SokobanParams(dim_room=(6, 6), num_boxes=1, max_steps=100, search_depth=300)
-LARGER_SOKOBAN = SokobanParams(dim_room=(8, 8), num_boxes=2, max_steps=100, search_depth=10)
-
-
-@struct.dataclass
-class SokobanState:
-    room_fixed: jax.Array  # int32[R, C]: 0 wall, 1 floor, 2 target
-    room_state: jax.Array  # int32[R, C]: gym-sokoban codes 0..5
-    player: jax.Array  # int32[2]
-    boxes_on_target: jax.Array  # int32
-    step_count: jax.Array  # int32
-    done: jax.Array  # bool
-    success: jax.Array  # bool
-
-
-# ---------------------------------------------------------------------------------------
-# Level generation
-# ---------------------------------------------------------------------------------------
 
 
 def room_topology(key: jax.Array, params: SokobanParams) -> jax.Array:
@@ -339,141 +238,3 @@ def generate_levels(keys: jax.Array, params: SokobanParams):
     size = max(1, min(batch, max(16, batch // 8)))
     levels, _ = jax.lax.while_loop(lambda c: pending(*c).any(), lambda c: retry(c, size), (levels, tries))
     return levels[:3]
-
-
-# ---------------------------------------------------------------------------------------
-# The environment
-# ---------------------------------------------------------------------------------------
-
-
-def _count_empty_targets(room_fixed: jax.Array, room_state: jax.Array) -> jax.Array:
-    """Targets without a box: visible ones plus the one the player may stand on."""
-    visible = room_state == TARGET
-    under_player = (room_fixed == TARGET) & (room_state == PLAYER)
-    return (visible | under_player).sum()
-
-
-class Sokoban(Environment):
-    """Push every box onto a target. Rewards, pushes and limits exactly as gym-sokoban."""
-
-    name = "sokoban"
-    action_names = ("Up", "Down", "Left", "Right")
-    symbols = ("#", "_", "O", "√", "X", "P", "S")
-    render_formats = ("grid", "grid_coord")
-
-    def default_params(self) -> SokobanParams:
-        return SIMPLE_SOKOBAN
-
-    def state_from_rooms(self, room_fixed, room_state, params: SokobanParams) -> SokobanState:
-        """A fresh episode on a given level (gym-sokoban room arrays)."""
-        room_fixed = jnp.asarray(room_fixed, jnp.int32)
-        room_state = jnp.asarray(room_state, jnp.int32)
-        rows, cols = params.dim_room
-        flat = jnp.argmax((room_state == PLAYER).ravel())
-        player = jnp.stack([flat // cols, flat % cols]).astype(jnp.int32)
-        on_target = params.num_boxes - _count_empty_targets(room_fixed, room_state)
-        return SokobanState(
-            room_fixed=room_fixed,
-            room_state=room_state,
-            player=player,
-            boxes_on_target=on_target.astype(jnp.int32),
-            step_count=jnp.int32(0),
-            done=jnp.bool_(False),
-            success=jnp.bool_(False),
-        )
-
-    def reset(self, key: jax.Array, params: SokobanParams) -> SokobanState:
-        room_fixed, room_state, _ = generate_level(key, params)
-        return self.state_from_rooms(room_fixed, room_state, params)
-
-    def reset_batch(self, keys: jax.Array, params: SokobanParams) -> SokobanState:
-        """`vmap(reset)` that retries only the levels that need it (same levels, faster)."""
-        room_fixed, room_state, _ = generate_levels(keys, params)
-        return jax.vmap(self.state_from_rooms, in_axes=(0, 0, None))(room_fixed, room_state, params)
-
-    def step(self, key: jax.Array, state: SokobanState, action: jax.Array, params: SokobanParams):
-        del key  # Sokoban is deterministic
-        action = jnp.asarray(action, jnp.int32)
-        valid = is_valid_action(action, self.num_actions)
-        rows, cols = params.dim_room
-        room_fixed, room = state.room_fixed, state.room_state
-
-        delta = jnp.asarray(MOVES)[jnp.clip(action - 1, 0, 3)]
-        here = state.player
-        ahead = here + delta
-        beyond = here + 2 * delta
-        beyond_inside = (beyond >= 0).all() & (beyond[0] < rows) & (beyond[1] < cols)
-        beyond = jnp.clip(beyond, 0, jnp.array([rows - 1, cols - 1]))
-        cell_ahead = room[ahead[0], ahead[1]]
-        cell_beyond = room[beyond[0], beyond[1]]
-
-        box_ahead = (cell_ahead == BOX) | (cell_ahead == BOX_ON_TARGET)
-        free_beyond = (cell_beyond == FLOOR) | (cell_beyond == TARGET)
-        # A finished episode stays as it is: nothing moves, nothing is counted.
-        finished = state.done
-        active = valid & ~finished
-        push = active & box_ahead & free_beyond & beyond_inside
-        walk = active & ((cell_ahead == FLOOR) | (cell_ahead == TARGET))
-        moved = push | walk
-
-        moved_room = room.at[here[0], here[1]].set(room_fixed[here[0], here[1]])
-        moved_room = moved_room.at[ahead[0], ahead[1]].set(PLAYER)
-        onto_target = room_fixed[beyond[0], beyond[1]] == TARGET
-        pushed_room = moved_room.at[beyond[0], beyond[1]].set(jnp.where(onto_target, BOX_ON_TARGET, BOX))
-        new_room = jnp.where(push, pushed_room, jnp.where(moved, moved_room, room))
-        player = jnp.where(moved, ahead, here)
-
-        # Only a push changes which boxes sit on targets: the box leaves `ahead`, lands `beyond`.
-        off_target = room_fixed[ahead[0], ahead[1]] == TARGET
-        on_target = state.boxes_on_target + (push & onto_target) - (push & off_target)
-        success = on_target == params.num_boxes
-        reward = (
-            STEP_PENALTY
-            + jnp.where(on_target > state.boxes_on_target, BOX_ON_TARGET_REWARD, 0.0)
-            + jnp.where(on_target < state.boxes_on_target, BOX_OFF_TARGET_PENALTY, 0.0)
-            + jnp.where(success, FINISHED_REWARD, 0.0)
-        )
-        step_count = state.step_count + (~finished)
-        done = finished | success | (step_count >= params.max_steps)
-        new_state = SokobanState(
-            room_fixed=room_fixed,
-            room_state=new_room,
-            player=player,
-            boxes_on_target=on_target.astype(jnp.int32),
-            step_count=step_count.astype(jnp.int32),
-            done=done,
-            success=jnp.where(finished, state.success, success),
-        )
-        info: Info = {
-            "success": new_state.success,
-            "action_is_valid": valid,
-            "action_is_effective": moved,
-            "truncated": new_state.done & ~new_state.success,
-        }
-        return new_state, jnp.where(finished, 0.0, reward).astype(jnp.float32), new_state.done, info
-
-    def symbol_grid(self, state: SokobanState, params: SokobanParams) -> jax.Array:
-        on_target = (state.room_state == PLAYER) & (state.room_fixed == TARGET)
-        return jnp.where(on_target, PLAYER_ON_TARGET, state.room_state)
-
-    def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        rows, cols = fixed.shape
-        return [
-            f"Board size: {rows} rows x {cols} cols",
-            f"Targets: {format_cells(fixed == TARGET)}",
-            f"Boxes: {format_cells((room == BOX) | (room == BOX_ON_TARGET))}",
-            f"Player: {format_cells(room == PLAYER)}",
-        ]
-
-    def instructions(self) -> str:
-        return (
-            "You are solving the Sokoban puzzle. You are the player and you need to push all "
-            "boxes onto targets. When you are right next to a box, you can push it by moving in "
-            "the same direction. You cannot push a box through a wall, and you cannot pull a box. "
-            "The symbols are: # wall, _ empty floor, O target, X box, √ box on target, P player, "
-            "S player on a target."
-        )
-
-
-SOKOBAN = Sokoban()

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from gym_sokoban_ref import gym_generate_room
-from ragen_jax.envs import sokoban
-from ragen_jax.envs.sokoban import LARGER_SOKOBAN, SIMPLE_SOKOBAN, SOKOBAN
+from ragen_jax.envs.sokoban import LARGER_SOKOBAN, SIMPLE_SOKOBAN, SOKOBAN, generator
 from ragen_jax.envs.solver import solve_sokoban
 
 NUM_LEVELS = 400
@@ -87,7 +86,7 @@ def test_topology_matches_gym_walk_statistics():
     import random
 
     params = SIMPLE_SOKOBAN
-    floors = jax.jit(jax.vmap(lambda k: sokoban.room_topology(k, params)))(jax.random.split(jax.random.key(5), 2000))
+    floors = jax.jit(jax.vmap(lambda k: generator.room_topology(k, params)))(jax.random.split(jax.random.key(5), 2000))
     ours = np.asarray(floors).sum((1, 2))
     random.seed(0)
     theirs = np.array([room_utils.room_topology_generation((6, 6), 0.35, params.gen_steps).sum() for _ in range(2000)])

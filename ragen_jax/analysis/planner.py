@@ -470,7 +470,7 @@ def _pieces(cfg, mesh, policy, layout: Layout, micro: int, batch: int, seconds: 
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.qwen2 import Qwen2, init_cache
+    from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache
     from ragen_jax.rl.batch import Batch, policy_logprobs
     from ragen_jax.run import sharding
 
@@ -536,7 +536,7 @@ def _pieces(cfg, mesh, policy, layout: Layout, micro: int, batch: int, seconds: 
 
     def decode_step(params, cache, token, position, active):
         model = nnx.merge(graph, params)
-        hidden, cache = model(token, position, active, cache, offset, offset + 1)
+        hidden, cache = model(token, position, active, DecodeContext(cache, offset, key_limit=offset + 1))
         return model.logits(hidden[:, 0]), cache
 
     started = time.perf_counter()

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ragen_jax.models.qwen2 import (KVCache, Qwen2, constrain_rows, init_cache, map_row_blocks, positions_from_mask,
+from ragen_jax.models.cpu_tuning import map_row_blocks
+from ragen_jax.models.qwen2 import (DecodeContext, KVCache, Qwen2, constrain_rows, init_cache, positions_from_mask,
                                     row_shards, token_logprobs)
 from ragen_jax.run import sharding
 
@@ -48,14 +49,14 @@ def _prefill(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int) 
     mask = mask.astype(bool)
     if row_shards() > 1 and rows % row_shards() == 0:
         tokens, mask = constrain_rows(tokens), constrain_rows(mask)
-        _, cache = model(tokens, positions_from_mask(mask), mask, init_cache(model.cfg, rows, length), 0)
+        _, cache = model(tokens, positions_from_mask(mask), mask, DecodeContext(init_cache(model.cfg, rows, length), 0))
         return KVCache(constrain_rows(cache.k, 1), constrain_rows(cache.v, 1), mask)
     block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
 
     def one(i, cache):
         take = lambda a: jax.lax.dynamic_slice_in_dim(a, i * block, block)
         ids, valid = take(tokens), take(mask)
-        _, part = model(ids, positions_from_mask(valid), valid, init_cache(model.cfg, block, length), 0)
+        _, part = model(ids, positions_from_mask(valid), valid, DecodeContext(init_cache(model.cfg, block, length), 0))
         put = lambda whole, a: jax.lax.dynamic_update_slice_in_dim(whole, a, i * block, axis=1)
         return KVCache(put(cache.k, part.k), put(cache.v, part.v), cache.mask)
 
@@ -131,7 +132,7 @@ def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, co
         chunk = jnp.concatenate([last_id[:, None], cont], axis=1)
         chunk_mask = jnp.concatenate([(last >= 0)[:, None], cont_mask], axis=1)
         positions = positions_from_mask(chunk_mask, before.sum(axis=1))
-        hidden, _ = model(chunk, positions, chunk_mask, column, prompt_width)
+        hidden, _ = model(chunk, positions, chunk_mask, DecodeContext(column, prompt_width))
         if want_entropy:
             logp, ent = token_logprobs(model, hidden[:, :-1], cont, with_entropy=True)
             entropy = entropy + jnp.where((own_column == c)[:, None], ent, 0.0)

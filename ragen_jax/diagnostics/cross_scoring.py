@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics
-from ragen_jax.models.qwen2 import Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache, positions_from_mask, token_logprobs
 from ragen_jax.models.sampling import prefill
 
 
@@ -48,7 +48,7 @@ def cross_score(
 
         column = cache.replace(k=rows_of_prompt(cache.k, 1), v=rows_of_prompt(cache.v, 1), mask=rows_of_prompt(cache.mask, 0))
         positions = positions_from_mask(reasoning_mask, prompt_tokens[j])
-        hidden, _ = model(reasoning, positions, reasoning_mask, column, prompt_len)
+        hidden, _ = model(reasoning, positions, reasoning_mask, DecodeContext(column, prompt_len))
         # z_0 is predicted by the prompt's last token; z_t (t >= 1) by the slot before it.
         first = jax.nn.log_softmax(first_logits[j])[reasoning[:, 0]]
         rest = token_logprobs(model, hidden[:, :-1], reasoning[:, 1:])

@@ -9,6 +9,8 @@ offset `t` attends to the valid cache slots `<= t + i`.
 
 Weights are stored in `param_dtype` and cast to the compute `dtype` at use. Every parameter
 carries a partition spec over the mesh axes `fsdp` and `tensor` (`nnx.get_partition_spec`).
+Shapes tuned for the CPU backend (row chunks, a fused q/k/v projection, a decode loop's
+per-layer cache) live in `cpu_tuning`.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from ragen_jax.models.cpu_tuning import PerLayerKVCache, in_row_chunks
 from ragen_jax.models.head import chunked_logprobs
 
 FSDP, TENSOR = "fsdp", "tensor"
 ROWS = ("data", FSDP)  # the mesh axes a batch's rows are split over
 _NEG_INF = -1e30
 ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
-PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see Qwen2.__call__)
+PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see DecodeContext)
 # What a rematerialised block keeps for its backward pass (a `jax.checkpoint` policy): "full"
 # keeps only the block's input and recomputes the rest; "minimal" also keeps the outputs of its
 # weight matmuls (projections and MLP, not the attention scores); "dots" keeps every matmul
@@ -196,20 +199,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 @struct.dataclass
 class KVCache:
     """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S].
+    A decode loop of an unrolled model works on a `cpu_tuning.PerLayerKVCache` copy instead."""
 
-    A decode loop works on the `per_layer` form instead (`layered` is then true): tuples of
-    per-layer keys [B * kv_heads, head_dim, S] and values [B * kv_heads, S, head_dim]. Each
-    layer is then its own loop buffer, written in place and read by the attention matmuls as
-    is: slicing a layer out of the stacked array copies it every step, and on CPU the score
-    matmul is ~2x faster with keys stored transposed."""
-
-    k: jax.Array | tuple[jax.Array, ...]
-    v: jax.Array | tuple[jax.Array, ...]
+    k: jax.Array
+    v: jax.Array
     mask: jax.Array
-
-    @property
-    def layered(self) -> bool:
-        return isinstance(self.k, tuple)
 
     @property
     def shared(self) -> bool:
@@ -217,69 +211,40 @@ class KVCache:
         mask [B, S]): a training forward over a prefix all rows share. Such a cache is only
         read; each row's own keys follow the prefix's. With one row it is told from a writable
         cache by its keys covering only the prefix, not the whole mask."""
-        return (not self.layered and self.k.shape[1] == 1
-                and (self.mask.shape[0] > 1 or self.k.shape[3] < self.mask.shape[1]))
+        return self.k.shape[1] == 1 and (self.mask.shape[0] > 1 or self.k.shape[3] < self.mask.shape[1])
 
     @property
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def per_layer(self, end: int | None = None) -> "KVCache":
-        """Slots [0, end) in the per-layer form (a copy; `merge_into` writes it back)."""
-        end = self.length if end is None else end
-        layers, b, kvh, _, hd = self.k.shape
-        k = self.k[:, :, :, :end].reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
-        v = self.v[:, :, :, :end].reshape(layers, b * kvh, end, hd)
-        return KVCache(tuple(k[i] for i in range(layers)), tuple(v[i] for i in range(layers)),
-                       self.mask[:, :end])
-
-    def merge_into(self, full: "KVCache") -> "KVCache":
-        """`full` with slots [0, end) replaced by this per-layer cache's."""
-        layers, b, kvh, _, hd = full.k.shape
-        end = self.length
-        k = jnp.stack(self.k).transpose(0, 1, 3, 2).reshape(layers, b, kvh, end, hd)
-        v = jnp.stack(self.v).reshape(layers, b, kvh, end, hd)
-        put = jax.lax.dynamic_update_slice
-        return KVCache(put(full.k, k, (0,) * 5), put(full.v, v, (0,) * 5), put(full.mask, self.mask, (0, 0)))
-
     def write(self, layer, k: jax.Array, v: jax.Array, offset) -> "KVCache":
-        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset` (in the stacked
-        form `layer` may be traced: a scanned model's layer index)."""
+        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset` (`layer` may be
+        traced: a scanned model's layer index)."""
         put = jax.lax.dynamic_update_slice
-        if not self.layered:
-            at = (layer, 0, 0, offset, 0)
-            return self.replace(k=put(self.k, k[None].astype(self.k.dtype), at),
-                                v=put(self.v, v[None].astype(self.v.dtype), at))
-        b, kvh, t, hd = k.shape
-        new_k = put(self.k[layer], k.reshape(b * kvh, t, hd).transpose(0, 2, 1).astype(self.k[layer].dtype),
-                    (0, 0, offset))
-        new_v = put(self.v[layer], v.reshape(b * kvh, t, hd).astype(self.v[layer].dtype), (0, offset, 0))
-        swap = lambda buf, x: buf[:layer] + (x,) + buf[layer + 1:]
-        return self.replace(k=swap(self.k, new_k), v=swap(self.v, new_v))
+        at = (layer, 0, 0, offset, 0)
+        return self.replace(k=put(self.k, k[None].astype(self.k.dtype), at),
+                            v=put(self.v, v[None].astype(self.v.dtype), at))
 
     def read(self, layer, end: int) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of `layer` in slots [0, end), in this cache's layout."""
-        if not self.layered:  # one slice of the stacked arrays (`layer` may be traced)
-            take = lambda a: jax.lax.dynamic_slice(a, (layer, 0, 0, 0, 0), (1, *a.shape[1:3], end, a.shape[4]))[0]
-            return take(self.k), take(self.v)
-        k, v = self.k[layer], self.v[layer]
-        return (k, v) if end == self.length else (k[..., :end], v[:, :end])
+        """Keys and values of `layer` in slots [0, end): one slice of the stacked arrays (`layer`
+        may be traced)."""
+        take = lambda a: jax.lax.dynamic_slice(a, (layer, 0, 0, 0, 0), (1, *a.shape[1:3], end, a.shape[4]))[0]
+        return take(self.k), take(self.v)
 
     def dtype(self, layer):
-        return self.k[layer].dtype if self.layered else self.k.dtype
+        return self.k.dtype
 
 
-def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None, layered: bool = False) -> KVCache:
+def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None,
+               layered: bool = False) -> KVCache | PerLayerKVCache:
     """An empty cache of `length` slots (every slot invalid), in the compute dtype by default.
-    `layered`: already in the decode loop's per-layer form, for a cache filled once at slot 0
-    and then only decoded into (what `sampling.generate` does): no stacked copy to build and
+    `layered`: already a decode loop's `PerLayerKVCache`, for a cache filled once at slot 0 and
+    then only decoded into (what `sampling.generate` does): no stacked copy to build and
     convert. A scanned model reads its layers from the stacked form, so it ignores `layered`."""
     dtype = jnp.dtype(dtype or cfg.dtype)
-    mask = jnp.zeros((batch, length), bool)
     if layered and not cfg.scan_layers:
-        rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
-        return KVCache(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
-                       tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
+        return PerLayerKVCache.empty(cfg, batch, length, dtype)
+    mask = jnp.zeros((batch, length), bool)
     shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), mask)
 
@@ -290,6 +255,43 @@ def positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Arra
     if start.ndim == 1:
         start = start[:, None]
     return start + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeContext:
+    """Where one `Qwen2.__call__` reads and writes a KV cache, and which slots it returns. The
+    defaults are a plain forward: the T slots attend among themselves. Built inside the traced
+    function (a Python int `offset` stays static).
+
+    `cache`: the chunk is written at slot `offset` and attends to the cache's valid slots.
+
+    `key_limit` (static): only cache slots below it are read (a bound the caller knows holds
+    every valid key, e.g. the end of the current turn); by default `offset + T` when the offset
+    is static, else the whole cache. Reading fewer slots is the main saving when decoding into a
+    long buffer.
+
+    `query` [B] (chunk indices): only those slots' hidden states [B, 1, hidden] are returned; the
+    last layer then computes just keys/values for the other slots, a third of a 3-layer prefill
+    saved when only the next-token logits are wanted.
+
+    `rope` = rope_tables(cfg, arange(n)[None]): cos/sin looked up instead of computed (a decode
+    loop computes them once; XLA would recompute them in every fusion reading them).
+
+    `query_block` (static): with a static offset, queries are processed in blocks of this many
+    slots, each reading only the keys up to its own last slot. The default (128) keeps the
+    compiled train step small; `generate` prefills its prompt in blocks of PREFILL_BLOCK (32),
+    which halves a 128-token prompt's attention time on CPU at the cost of a larger graph.
+
+    `fused_qkv` = `cpu_tuning.fused_qkv(model)`: each layer's q, k and v in one matmul, built
+    once before a decode loop."""
+
+    cache: KVCache | PerLayerKVCache | None = None
+    offset: jax.Array | int = 0
+    key_limit: int | None = None
+    query: jax.Array | None = None
+    rope: tuple[jax.Array, jax.Array] | None = None
+    query_block: int = ATTENTION_BLOCK
+    fused_qkv: tuple[tuple[jax.Array, jax.Array], ...] | None = None
 
 
 # ----------------------------------------------------------------------------- layers
@@ -343,26 +345,19 @@ class Attention(nnx.Module):
         self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
         self.o_proj = Linear(cfg, rngs, cfg.num_heads * hd, d, (TENSOR, FSDP))
 
-    def fused_projection(self) -> tuple[jax.Array, jax.Array]:
-        """The q, k and v projections as one kernel [hidden, (heads + 2 kv_heads) * head_dim] and
-        its bias (see `Qwen2.decode_projections`)."""
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        return (jnp.concatenate([p.kernel[...] for p in parts], axis=1),
-                jnp.concatenate([p.bias[...] for p in parts]))
-
-    def __call__(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, offset, query=None,
-                 query_block: int = ATTENTION_BLOCK, fused=None):
+    def __call__(self, x, cos, sin, attn_mask, cache: KVCache | PerLayerKVCache | None, layer: int, offset,
+                 query=None, query_block: int = ATTENTION_BLOCK, fused=None):
         cfg = self.cfg
         b, t, _ = x.shape
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
         if fused is None:
             k, v = self.k_proj(x), self.v_proj(x)
-        else:  # `fused_projection()` (kernel, bias), computed once by the caller
+        else:  # `cpu_tuning.concat_qkv` (kernel, bias), computed once by the caller
             every_q, k, v = jnp.split(affine(x, *fused), (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
         k = apply_rope(k.reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
         v = v.reshape(b, t, kvh, hd).transpose(0, 2, 1, 3)
-        if query is not None:  # outputs of one slot per row only (see Qwen2.__call__)
+        if query is not None:  # outputs of one slot per row only (see DecodeContext.query)
             x, cos, sin, attn_mask = (_pick(a, query) for a in (x, cos, sin, attn_mask))
             t = 1
         if fused is None:
@@ -370,7 +365,7 @@ class Attention(nnx.Module):
         else:
             q = every_q if query is None else _pick(every_q, query)
         q = apply_rope(q.reshape(b, t, cfg.num_heads, hd), cos, sin)
-        layered = False  # keys read from a per-layer cache (see KVCache)
+        layered = False  # keys read from a per-layer cache (see PerLayerKVCache)
         if cache is not None and cache.shared:  # every row behind one cached row: nothing written
             prefix = (jnp.broadcast_to(a, (b, *a.shape[1:])).astype(x.dtype) for a in cache.read(layer, offset))
             k, v = (jnp.concatenate([p, a], axis=2) for p, a in zip(prefix, (k, v)))
@@ -379,9 +374,9 @@ class Attention(nnx.Module):
             if isinstance(offset, int) and offset == 0 and attn_mask.shape[-1] == k.shape[2]:
                 # a chunk at slot 0 attends to exactly its own slots: no read back
                 k, v = (a.astype(cache.dtype(layer)).astype(x.dtype) for a in (k, v))
-            else:  # the key slots this call attends to (see Qwen2.__call__)
+            else:  # the key slots this call attends to (see DecodeContext.key_limit)
                 k, v = (a.astype(x.dtype) for a in cache.read(layer, attn_mask.shape[-1]))
-                layered = cache.layered
+                layered = isinstance(cache, PerLayerKVCache)
         # Causal attention never looks past the query's own slot: with a static offset, a block
         # of queries reads only the keys up to its last slot (half the score matrix on a long
         # buffer, 2-3x faster on CPU, less memory). A traced offset (decoding) reads them all.
@@ -403,92 +398,6 @@ class Attention(nnx.Module):
                 outs.append(in_row_chunks(attend, scores_per_row, *args))
         out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
         return self.o_proj(out), cache
-
-
-CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
-
-
-def on_cpu_per_device() -> bool:
-    """Whether the CPU-only shapes apply (row chunks, `in_row_chunks`; the fused q/k/v projection
-    of a decode step, `Qwen2.decode_projections`): on a single CPU device. Accelerators keep one
-    large kernel and the sharded weights as they are; on a mesh a loop over the rows of a sharded
-    batch puts collectives inside it (8 fake CPU devices deadlocked in them). Inside a
-    `shard_map` over every mesh axis each device runs its own rows with no collectives, so they
-    apply there too (a data-parallel `sampling.generate`)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    per_device = jax.device_count() == 1 or (not mesh.empty and mesh.are_all_axes_manual)
-    return jax.default_backend() == "cpu" and per_device
-
-
-def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
-    """Rows per chunk for `in_row_chunks`: all of them, except where `on_cpu_per_device` and the
-    rows' activations exceed CHUNK_FLOATS; then as few equal chunks as keep each within it (or
-    at `minimum` rows)."""
-    if not on_cpu_per_device() or rows * floats_per_row <= CHUNK_FLOATS:
-        return rows
-    pieces = -(-rows // max(minimum, CHUNK_FLOATS // floats_per_row))
-    return -(-rows // pieces)  # equal chunks: the least padding
-
-
-def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1):
-    """fn(*arrays), computed `row_chunk(rows, floats_per_row, minimum)` rows (leading axis) at a
-    time in a loop; the last chunk is padded with zeros and its padding dropped. On CPU a
-    chunk's activations then stay in the caches: the MLP of a 64 x 128-token prefill and a
-    128-query attention block run 2-4x faster than in one piece (docs/benchmarks.md). Used when
-    filling a KV cache only: the backward pass of the loop is slower than the one-piece one (a
-    training forward keeps it). A per-layer cache's leaves have kv_heads rows per sequence
-    (see `map_row_blocks`)."""
-    return map_row_blocks(fn, row_chunk(arrays[0].shape[0], floats_per_row, minimum), *arrays)
-
-
-def map_row_blocks(fn, block: int, *arrays: jax.Array):
-    """fn(*arrays) computed `block` rows (leading axis) at a time in a `lax.map` (all at once
-    when block is 0 or covers them); the last block is padded with zeros and its padding
-    dropped. fn may return a pytree whose leaves have a leading axis of any whole multiple of
-    the input rows."""
-    rows, chunk = arrays[0].shape[0], block
-    if not chunk or chunk >= rows:
-        return fn(*arrays)
-    pad = (-rows) % chunk
-    pieces = [jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, chunk, *a.shape[1:])
-              for a in arrays]
-    out = jax.lax.map(lambda xs: fn(*xs), pieces)
-    return jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:])[:o.shape[1] // chunk * rows], out)
-
-
-def _model_shards() -> int:
-    """How many pieces the traced mesh (`jax.set_mesh`) splits the weights into (fsdp × tensor;
-    1 without a mesh and inside a `shard_map`)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not {FSDP, TENSOR} <= set(mesh.axis_names):
-        return 1
-    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
-        return 1
-    return mesh.shape[FSDP] * mesh.shape[TENSOR]
-
-
-def row_shards() -> int:
-    """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
-    without one, and inside a `shard_map`, where each device already holds its own rows)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(ROWS) <= set(mesh.axis_names):
-        return 1
-    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
-        return 1
-    return mesh.shape[ROWS[0]] * mesh.shape[ROWS[1]]
-
-
-def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
-    """x split over the mesh's data×fsdp axes along `axis` (its rows) when traced under a mesh
-    (`jax.set_mesh`, as the train step is) whose row shards divide them; else x as it is.
-    Without it GSPMD may follow the embedding's sharding (hidden dimension over fsdp) and keep
-    every row of a layer's activations on every device, summing partial products instead."""
-    shards = row_shards()
-    if shards == 1 or x.shape[axis] % shards:
-        return x
-    spec = [None] * x.ndim
-    spec[axis] = ROWS
-    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
 
 
 def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -577,33 +486,14 @@ class Qwen2(nnx.Module):
                         _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                 cache: KVCache | None = None, offset: jax.Array | int = 0, key_limit: int | None = None,
-                 query: jax.Array | None = None, rope: tuple[jax.Array, jax.Array] | None = None,
-                 query_block: int = ATTENTION_BLOCK, fused: tuple | None = None):
-        """tokens, positions, mask: [B, T]. Without a cache the T slots attend among
-        themselves; with a cache the chunk is written at slot `offset` and attends to the
-        cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache).
-
-        `query` [B] (chunk indices) returns only those slots' hidden states [B, 1, hidden]:
-        the last layer then computes just keys/values for the other slots, a third of a
-        3-layer prefill saved when only the next-token logits are wanted. `rope` =
-        rope_tables(cfg, arange(n)[None]) looks the cos/sin up instead of computing them
-        (a decode loop computes them once; XLA would recompute them in every fusion reading them).
-
-        Only cache slots below `key_limit` are read (a static bound the caller knows holds
-        every valid key, e.g. the end of the current turn); by default `offset + T` when the
-        offset is static, else the whole cache. Reading fewer slots is the main saving when
-        decoding into a long buffer.
-
-        `query_block` (static): with a static offset, queries are processed in blocks of this
-        many slots, each reading only the keys up to its own last slot. The default (128)
-        keeps the compiled train step small; `generate` prefills its prompt in blocks of
-        PREFILL_BLOCK (32), which halves a 128-token prompt's attention time on CPU at the
-        cost of a larger graph.
-
-        `fused` = `decode_projections()` computes each layer's q, k and v in one matmul; a decode
-        loop builds it once before the loop."""
+                 context: DecodeContext = DecodeContext()):
+        """tokens, positions, mask: [B, T]. Without a cache in `context` the T slots attend among
+        themselves; with one the chunk is written at slot `context.offset` and attends to the
+        cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache); with
+        `context.query` hidden is [B, 1, hidden_size]."""
         cfg = self.cfg
+        cache, offset, key_limit, query = context.cache, context.offset, context.key_limit, context.query
+        rope, query_block, fused = context.rope, context.query_block, context.fused_qkv
         dtype = jnp.dtype(cfg.dtype)
         mask = mask.astype(bool)
         h = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dtype)
@@ -657,15 +547,6 @@ class Qwen2(nnx.Module):
             else:
                 h, cache = run(block, h, cache, layer, pick, qkv)
         return self.norm(h), cache
-
-    def decode_projections(self) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
-        """`fused` for a decode loop's `__call__`: every layer's q/k/v kernels as one
-        (`Attention.fused_projection`) where `on_cpu_per_device` — a CPU matmul over a decode
-        step's few rows costs about the same for 256 or 512 outputs, and a `small` decode step
-        is ~3% faster — else None (each projection its own matmul, sharded as its weights are)."""
-        if self.cfg.scan_layers or not on_cpu_per_device():
-            return None
-        return tuple(block.self_attn.fused_projection() for block in self.layers)
 
     def head_weight(self) -> jax.Array:
         return (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
@@ -793,6 +674,41 @@ def logprobs_at(model: Qwen2, tokens: jax.Array, positions: jax.Array, mask: jax
 
 
 # ----------------------------------------------------------------------------- sharding
+
+
+def _model_shards() -> int:
+    """How many pieces the traced mesh (`jax.set_mesh`) splits the weights into (fsdp × tensor;
+    1 without a mesh and inside a `shard_map`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {FSDP, TENSOR} <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[FSDP] * mesh.shape[TENSOR]
+
+
+def row_shards() -> int:
+    """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
+    without one, and inside a `shard_map`, where each device already holds its own rows)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(ROWS) <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[ROWS[0]] * mesh.shape[ROWS[1]]
+
+
+def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
+    """x split over the mesh's data×fsdp axes along `axis` (its rows) when traced under a mesh
+    (`jax.set_mesh`, as the train step is) whose row shards divide them; else x as it is.
+    Without it GSPMD may follow the embedding's sharding (hidden dimension over fsdp) and keep
+    every row of a layer's activations on every device, summing partial products instead."""
+    shards = row_shards()
+    if shards == 1 or x.shape[axis] % shards:
+        return x
+    spec = [None] * x.ndim
+    spec[axis] = ROWS
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
 
 
 def fit_spec(shape, spec, mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec:

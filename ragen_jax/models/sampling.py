@@ -22,8 +22,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec
 
-from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, KVCache, Qwen2, in_row_chunks,
-                                    init_cache, positions_from_mask, rope_tables)
+from ragen_jax.models.cpu_tuning import PerLayerKVCache, fused_qkv, in_row_chunks
+from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, DecodeContext, KVCache, Qwen2, init_cache,
+                                    positions_from_mask, rope_tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,15 +202,15 @@ def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, of
     """Write the chunk tokens/mask [B, C] at slot `offset`; return (cache, logits [B, V]) of
     each sequence's last valid chunk token. Rows with no valid token in the chunk get
     `prev_logits` (or the logits of slot 0, meaningless, when it is None). `query_block`:
-    see `Qwen2.__call__` (smaller is faster on long chunks and compiles to a larger graph)."""
+    see `DecodeContext` (smaller is faster on long chunks and compiles to a larger graph)."""
     mask = mask.astype(bool)
     positions = positions_from_mask(mask, _start_positions(cache, offset))
     # the last valid slot (0 for a row without one): a max, not an argmax of the reversed mask,
     # which XLA spends seconds constant-folding when the mask is a constant (the system prompt)
     last = jnp.max(jnp.where(mask, jnp.arange(tokens.shape[1]), 0), axis=1)
     rope = rope_tables(model.cfg, jnp.arange(cache.length)[None])  # a position is below its slot
-    hidden, cache = model(tokens, positions, mask, cache, offset, query=last, rope=rope,
-                          query_block=query_block)
+    context = DecodeContext(cache, offset, query=last, rope=rope, query_block=query_block)
+    hidden, cache = model(tokens, positions, mask, context)
     logits = model.logits(hidden[:, 0])
     if prev_logits is not None:
         logits = jnp.where(mask.any(axis=1, keepdims=True), logits, prev_logits)
@@ -227,21 +228,21 @@ def draw_uniforms(key: jax.Array, num_steps: int, batch: int, params: SamplingPa
     return jax.random.uniform(key, (num_steps, batch), jnp.float32)
 
 
-def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Array, *,
+def decode(model: Qwen2, cache: KVCache | PerLayerKVCache, logits: jax.Array, offset, key: jax.Array, *,
            num_steps: int, params: SamplingParams = SamplingParams(),
            eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
            done: jax.Array | None = None, pad_id: int = 0,
            key_limit: int | None = None, switch_fn: Callable | None = None,
            switch_params: SamplingParams | None = None,
-           uniforms: jax.Array | None = None) -> tuple[KVCache, DecodeOutput]:
+           uniforms: jax.Array | None = None) -> tuple[KVCache | PerLayerKVCache, DecodeOutput]:
     """Sample up to `num_steps` tokens into cache slots offset .. offset+num_steps-1.
 
     `logits` [B, V] is the next-token distribution (from `prefill` or a previous decode).
     A sequence stops after emitting an id in `eos_ids` or when `stop_fn(tokens, lengths)`
     is true; later slots are written as holes. Rows with `done` set never start. The loop is
     a while_loop that exits when every sequence has stopped. `key_limit` (static) bounds the
-    cache slots attended to (and copied into the loop's per-layer buffers, see KVCache): pass
-    offset + num_steps when the offset is known statically. A cache already in the per-layer
+    cache slots attended to (and copied into the loop's per-layer buffers, see PerLayerKVCache):
+    pass offset + num_steps when the offset is known statically. A cache already in the per-layer
     form (`init_cache(..., layered=True)`) is decoded into as it is, all of its slots read.
 
     `switch_fn(tokens, lengths)` (static, with `switch_params`) says after each token whether a
@@ -285,8 +286,8 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             stopped |= stop_fn(tokens, lengths)
         slot = offset + i
         positions = _start_positions(cache, slot)[:, None]
-        hidden, cache = model(token[:, None], positions, active[:, None], cache, slot, key_limit=limit, rope=rope,
-                              fused=fused)
+        context = DecodeContext(cache, slot, key_limit=limit, rope=rope, fused_qkv=fused)
+        hidden, cache = model(token[:, None], positions, active[:, None], context)
         out = DecodeOutput(tokens=tokens,
                            logprobs=out.logprobs.at[:, i].set(jnp.where(active, logp, 0.0)),
                            lengths=lengths, done=out.done | (active & stopped),
@@ -296,16 +297,17 @@ def decode(model: Qwen2, cache: KVCache, logits: jax.Array, offset, key: jax.Arr
             switched = active & switch_fn(tokens, lengths)
         return i + 1, cache, out, switched
 
-    # The loop works on a per-layer copy of the slots it reads (see KVCache), then writes it back;
-    # a cache already in that form is used as it is. A scanned model decodes into the stacked
-    # cache in place, reading the slots below `key_limit`.
-    stacked = model.cfg.scan_layers and not cache.layered
-    work = cache if cache.layered or stacked else cache.per_layer(key_limit)
+    # The loop works on a per-layer copy of the slots it reads (PerLayerKVCache), then writes it
+    # back; a cache already in that form is used as it is. A scanned model decodes into the
+    # stacked cache in place, reading the slots below `key_limit`.
+    layered = isinstance(cache, PerLayerKVCache)
+    stacked = model.cfg.scan_layers and not layered
+    work = cache if layered or stacked else PerLayerKVCache.from_stacked(cache, key_limit)
     limit = key_limit if stacked else None
     rope = rope_tables(model.cfg, jnp.arange(work.length)[None])  # every position a new token can get
-    fused = model.decode_projections()  # once per call, not once per step
+    fused = fused_qkv(model)  # once per call, not once per step
     _, work, out, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), work, out, jnp.zeros((b,), bool)))
-    return (work if cache.layered or stacked else work.merge_into(cache)), out
+    return (work if layered or stacked else work.merge_into(cache)), out
 
 
 prefill_jit = jax.jit(prefill, donate_argnames=("cache",), static_argnames=("query_block",))

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.models.qwen2 import Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache, positions_from_mask, token_logprobs
 from ragen_jax.models.value import ValueModel
 from ragen_jax.rollout.play import Trajectories
 
@@ -100,9 +100,9 @@ def backbone_hidden(model: Qwen2, batch: Batch) -> jax.Array:
         return model(batch.tokens, positions, batch.mask)[0]
     rows, slots = batch.tokens.shape
     prefix, cache = model(batch.tokens[:1, :p], positions[:1, :p], batch.mask[:1, :p],
-                          init_cache(model.cfg, 1, p), offset=0)
+                          DecodeContext(init_cache(model.cfg, 1, p), offset=0))
     cache = cache.replace(mask=jnp.zeros((rows, slots), bool).at[:, :p].set(cache.mask))
-    rest, _ = model(batch.tokens[:, p:], positions[:, p:], batch.mask[:, p:], cache, offset=p)
+    rest, _ = model(batch.tokens[:, p:], positions[:, p:], batch.mask[:, p:], DecodeContext(cache, offset=p))
     return jnp.concatenate([jnp.broadcast_to(prefix, (rows,) + prefix.shape[1:]), rest], axis=1)
 
 

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import PRESETS, Qwen2Config, init_model, logprobs_at, positions_from_mask, rope_frequencies
+from ragen_jax.models.qwen2 import (PRESETS, DecodeContext, Qwen2Config, init_model, logprobs_at, positions_from_mask,
+                                    rope_frequencies)
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
 
@@ -25,9 +26,9 @@ def batch():
     return ids, mask
 
 
-def ours_logits(model, ids, mask, **kwargs):
+def ours_logits(model, ids, mask, context=DecodeContext()):
     mask = jnp.asarray(mask)
-    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, **kwargs)
+    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, context)
     return np.asarray(model.logits(hidden))
 
 
@@ -65,7 +66,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, quer
     mask[1, 140:150] = False
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
     ref = hf_logits(torch_model, ids, mask, positions)
-    got = ours_logits(model, ids, mask, query_block=query_block)
+    got = ours_logits(model, ids, mask, DecodeContext(query_block=query_block))
     assert np.abs(got - ref)[mask].max() <= TOL
 
 
@@ -103,30 +104,6 @@ def test_logprobs_at_requested_positions(hf_models, batch):
     want_ent = -(probs * np.take_along_axis(ref_logp, query[..., None], 1)).sum(-1)
     np.testing.assert_allclose(np.asarray(logp), want, atol=TOL)
     np.testing.assert_allclose(np.asarray(ent), want_ent, atol=TOL)
-
-
-def test_fused_projections_match_transformers_and_the_separate_ones(hf_models, batch, monkeypatch):
-    """The q/k/v projections as one matmul (`decode_projections`, on one CPU device) give
-    transformers' logits, and the separate projections' within float rounding, with every slot
-    as a query and with one query slot per row (the prefill's last layer); elsewhere (this suite
-    runs 8 fake devices) there are none."""
-    from ragen_jax.models import qwen2
-
-    torch_model, path = hf_models["untied"]
-    model = hf.load_pretrained(path)
-    ids, mask = batch
-    assert model.decode_projections() is None
-    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)
-    fused = model.decode_projections()
-    assert len(fused) == model.cfg.num_layers
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    ref = hf_logits(torch_model, ids, mask, positions)
-    got = ours_logits(model, ids, mask, fused=fused)
-    assert np.abs(got - ref)[mask].max() <= TOL
-    np.testing.assert_allclose(got, ours_logits(model, ids, mask), atol=1e-5)
-    last = jnp.asarray([np.flatnonzero(row).max() for row in mask])
-    picked = ours_logits(model, ids, mask, fused=fused, query=last)
-    np.testing.assert_allclose(picked[:, 0], got[np.arange(len(ids)), np.asarray(last)], atol=1e-5)
 
 
 def test_remat_keeps_values_and_gradients(hf_models, batch):

@@ -137,45 +137,6 @@ def test_chunked_prefill_with_holes_equals_compacted(untied):
         np.testing.assert_allclose(np.asarray(out.logprobs[b]), np.asarray(ref.logprobs[0]), atol=1e-5)
 
 
-def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
-    """Filling a KV cache on one CPU device runs the MLP and each attention block in row chunks
-    (`qwen2.in_row_chunks`) when their activations exceed CHUNK_FLOATS; forced here on 5
-    sequences with padding and holes (MLP chunks of 14 rows, attention chunks of 2 sequences,
-    each with a padded last chunk): transformers' next-token logits, and the one-piece
-    prefill's cache."""
-    from ragen_jax.models import qwen2
-
-    from hf_reference import hf_logits
-
-    torch_model, model = untied
-    rng = np.random.default_rng(3)
-    ids = rng.integers(3, VOCAB, size=(5, 11)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[1, 8:] = False
-    mask[2, :3] = False
-    mask[4, [2, 5]] = False
-
-    def prefill():  # a new function each time: traced afresh with the current CHUNK_FLOATS
-        run = jax.jit(lambda m, c, t, k: sampling.prefill(m, c, t, k, 0))
-        return run(model, init_cache(model.cfg, 5, 16), jnp.asarray(ids), jnp.asarray(mask))
-
-    whole_cache, whole_logits = prefill()
-    scores_per_row = model.cfg.num_heads * 11 * 11
-    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * scores_per_row)
-    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)  # the suite has 8 fake devices
-    assert qwen2.row_chunk(ids.size, model.cfg.intermediate_size, minimum=16) == 14
-    assert qwen2.row_chunk(5, scores_per_row) == 2
-    assert qwen2.row_chunk(2, scores_per_row) == 2  # small inputs stay whole
-    cache, logits = prefill()
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    last = np.array([np.flatnonzero(row).max() for row in mask])
-    ref = hf_logits(torch_model, ids, mask, positions)[np.arange(5), last]
-    assert np.abs(np.asarray(logits) - ref).max() <= 1e-4
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(whole_logits), atol=1e-5)
-    for a, b in ((cache.k, whole_cache.k), (cache.v, whole_cache.v)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-
-
 def prompts_with_holes(rows: int, seed: int):
     """[rows, 12] random prompts, row 1 left-padded and row 4 with two holes."""
     ids = np.random.default_rng(seed).integers(3, VOCAB, size=(rows, 12)).astype(np.int32)
@@ -196,7 +157,7 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
     the decode loop's per-layer form (`in_row_chunks` over the batch); forced here on 5 prompts
     in chunks of 2 (the last one padded): the same tokens and log-probs as one piece, greedy and
     sampled, so no row's cache or logits land in another's place."""
-    from ragen_jax.models import qwen2
+    from ragen_jax.models import cpu_tuning
 
     model = untied[1]
     ids, mask = prompts_with_holes(5, seed=8)
@@ -206,9 +167,9 @@ def test_generate_fills_its_cache_a_few_sequences_at_a_time(untied, monkeypatch)
     params = (sampling.GREEDY, sampling.SamplingParams(temperature=1.0))
     whole = [run(p) for p in params]
     floats_per_row = ids.shape[1] * model.cfg.intermediate_size
-    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * floats_per_row)
-    monkeypatch.setattr(qwen2, "on_cpu_per_device", lambda: True)  # the suite has 8 fake devices
-    assert qwen2.row_chunk(5, floats_per_row) == 2
+    monkeypatch.setattr(cpu_tuning, "CHUNK_FLOATS", 2 * floats_per_row)
+    monkeypatch.setattr(cpu_tuning, "on_cpu_per_device", lambda: True)  # the suite has 8 fake devices
+    assert cpu_tuning.row_chunk(5, floats_per_row) == 2
     for p, ref in zip(params, whole):
         assert_same_generation(run(p), ref)
 
@@ -217,7 +178,7 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     """`generate(mesh=...)` splits the batch over the mesh's devices, each generating its own
     rows (filled in row chunks, forced here to 2 of each device's 3 rows, the last padded): the
     tokens, lengths and log-probs of the same call on one device, sampled with early stops."""
-    from ragen_jax.models import qwen2
+    from ragen_jax.models import cpu_tuning
     from ragen_jax.run import sharding
 
     model = untied[1]
@@ -228,34 +189,12 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     eos = int(np.asarray(ref.tokens)[2, 6])  # stops row 2 (at the latest) early
     ref = sampling.generate(*args, max_new_tokens=NEW, params=params, eos_ids=(eos,))
     assert int(np.asarray(ref.lengths).min()) < NEW
-    monkeypatch.setattr(qwen2, "CHUNK_FLOATS", 2 * ids.shape[1] * model.cfg.intermediate_size)
+    monkeypatch.setattr(cpu_tuning, "CHUNK_FLOATS", 2 * ids.shape[1] * model.cfg.intermediate_size)
     out = sampling.generate(*args, max_new_tokens=NEW, params=params, eos_ids=(eos,),
                             mesh=sharding.make_mesh((2, 1, 1)))
     assert_same_generation(out, ref)
     with pytest.raises(ValueError, match="batch 6 must be divisible by the mesh's 4 devices"):
         sampling.generate(*args, max_new_tokens=NEW, params=params, mesh=sharding.make_mesh((2, 2, 1)))
-
-
-def test_row_chunks_apply_per_device_inside_a_shard_map_only():
-    """With several devices, row chunks apply inside a shard_map over every mesh axis (each
-    device runs its own rows, no collectives) and not in a jit over an automatic mesh."""
-    from jax.sharding import PartitionSpec
-
-    from ragen_jax.models import qwen2
-    from ragen_jax.run import sharding
-
-    mesh = sharding.make_mesh((2, 1, 1))
-    seen = []
-
-    def record(x):
-        seen.append(qwen2.on_cpu_per_device())
-        return x
-
-    jax.eval_shape(jax.shard_map(record, mesh=mesh, in_specs=PartitionSpec("data"),
-                                 out_specs=PartitionSpec("data")), jnp.zeros(4))
-    with jax.set_mesh(mesh):
-        jax.eval_shape(jax.jit(record), jnp.zeros(4))
-    assert seen == [True, False] and not qwen2.on_cpu_per_device()
 
 
 def test_stop_condition_and_holes_after_stop(untied, prompts, greedy_ours):

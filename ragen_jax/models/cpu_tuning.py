@@ -1,0 +1,165 @@
+"""Shapes of the Qwen2 forward tuned for XLA's CPU backend (`qwen2.py` and `sampling.py` call them).
+
+One switch, `on_cpu_per_device()`, decides where the CPU tuning applies: row chunks
+(`in_row_chunks`: a chunk's activations stay in the caches) and a decode step's q/k/v in one
+matmul (`fused_qkv`). Accelerators keep one large kernel and the sharded weights as they are.
+
+`PerLayerKVCache` is the cache layout a decode loop of an unrolled model (`scan_layers=False`)
+works on, on every backend: each layer its own loop buffer, keys stored transposed (on CPU the
+score matmul is ~2x faster). A scanned model reads its layers from the stacked `qwen2.KVCache`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+if TYPE_CHECKING:
+    from ragen_jax.models.qwen2 import Attention, KVCache, Qwen2, Qwen2Config
+
+CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
+
+
+def on_cpu_per_device() -> bool:
+    """Whether the CPU tuning applies (row chunks, `in_row_chunks`; the fused q/k/v projection
+    of a decode step, `fused_qkv`): on a single CPU device. Accelerators keep one large kernel and
+    the sharded weights as they are; on a mesh a loop over the rows of a sharded batch puts
+    collectives inside it (8 fake CPU devices deadlocked in them). Inside a `shard_map` over every
+    mesh axis each device runs its own rows with no collectives, so it applies there too (a
+    data-parallel `sampling.generate`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    per_device = jax.device_count() == 1 or (not mesh.empty and mesh.are_all_axes_manual)
+    return jax.default_backend() == "cpu" and per_device
+
+
+# ----------------------------------------------------------------------------- row chunks
+
+
+def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
+    """Rows per chunk for `in_row_chunks`: all of them, except where `on_cpu_per_device` and the
+    rows' activations exceed CHUNK_FLOATS; then as few equal chunks as keep each within it (or
+    at `minimum` rows)."""
+    if not on_cpu_per_device() or rows * floats_per_row <= CHUNK_FLOATS:
+        return rows
+    pieces = -(-rows // max(minimum, CHUNK_FLOATS // floats_per_row))
+    return -(-rows // pieces)  # equal chunks: the least padding
+
+
+def in_row_chunks(fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1):
+    """fn(*arrays), computed `row_chunk(rows, floats_per_row, minimum)` rows (leading axis) at a
+    time in a loop; the last chunk is padded with zeros and its padding dropped. On CPU a
+    chunk's activations then stay in the caches: the MLP of a 64 x 128-token prefill and a
+    128-query attention block run 2-4x faster than in one piece (docs/benchmarks.md). Used when
+    filling a KV cache only: the backward pass of the loop is slower than the one-piece one (a
+    training forward keeps it). A per-layer cache's leaves have kv_heads rows per sequence
+    (see `map_row_blocks`)."""
+    return map_row_blocks(fn, row_chunk(arrays[0].shape[0], floats_per_row, minimum), *arrays)
+
+
+def map_row_blocks(fn, block: int, *arrays: jax.Array):
+    """fn(*arrays) computed `block` rows (leading axis) at a time in a `lax.map` (all at once
+    when block is 0 or covers them); the last block is padded with zeros and its padding
+    dropped. fn may return a pytree whose leaves have a leading axis of any whole multiple of
+    the input rows."""
+    rows, chunk = arrays[0].shape[0], block
+    if not chunk or chunk >= rows:
+        return fn(*arrays)
+    pad = (-rows) % chunk
+    pieces = [jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, chunk, *a.shape[1:])
+              for a in arrays]
+    out = jax.lax.map(lambda xs: fn(*xs), pieces)
+    return jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:])[:o.shape[1] // chunk * rows], out)
+
+
+# ----------------------------------------------------------------------------- fused q/k/v
+
+
+def concat_qkv(attn: Attention) -> tuple[jax.Array, jax.Array]:
+    """An attention layer's q, k and v projections as one kernel [hidden, (heads + 2 kv_heads) *
+    head_dim] and its bias (see `fused_qkv`)."""
+    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+    return (jnp.concatenate([p.kernel[...] for p in parts], axis=1),
+            jnp.concatenate([p.bias[...] for p in parts]))
+
+
+def fused_qkv(model: Qwen2) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
+    """`DecodeContext.fused_qkv` for a decode loop: every layer's q/k/v kernels as one
+    (`concat_qkv`) where `on_cpu_per_device` — a CPU matmul over a decode step's few rows costs
+    about the same for 256 or 512 outputs, and a `small` decode step is ~3% faster — else None
+    (each projection its own matmul, sharded as its weights are). A decode loop builds it once."""
+    if model.cfg.scan_layers or not on_cpu_per_device():
+        return None
+    return tuple(concat_qkv(block.self_attn) for block in model.layers)
+
+
+# ----------------------------------------------------------------------------- per-layer cache
+
+
+@struct.dataclass
+class PerLayerKVCache:
+    """A decode loop's KV cache: per-layer keys [B * kv_heads, head_dim, S] and values
+    [B * kv_heads, S, head_dim] (tuples over layers), slot validity [B, S]. Each layer is then
+    its own loop buffer, written in place and read by the attention matmuls as is: slicing a
+    layer out of the stacked array copies it every step, and on CPU the score matmul is ~2x
+    faster with keys stored transposed. Reads and writes like `qwen2.KVCache`."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    mask: jax.Array
+
+    @property
+    def shared(self) -> bool:
+        """Never one row read by all (see `KVCache.shared`)."""
+        return False
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    @classmethod
+    def empty(cls, cfg: Qwen2Config, batch: int, length: int, dtype) -> PerLayerKVCache:
+        """`length` slots, every one invalid."""
+        mask = jnp.zeros((batch, length), bool)
+        rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
+        return cls(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
+                   tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
+
+    @classmethod
+    def from_stacked(cls, cache: KVCache, end: int | None = None) -> PerLayerKVCache:
+        """Slots [0, end) of a stacked cache (a copy; `merge_into` writes it back)."""
+        end = cache.length if end is None else end
+        layers, b, kvh, _, hd = cache.k.shape
+        k = cache.k[:, :, :, :end].reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
+        v = cache.v[:, :, :, :end].reshape(layers, b * kvh, end, hd)
+        return cls(tuple(k[i] for i in range(layers)), tuple(v[i] for i in range(layers)), cache.mask[:, :end])
+
+    def merge_into(self, full: KVCache) -> KVCache:
+        """The stacked cache `full` with slots [0, end) replaced by this cache's."""
+        layers, b, kvh, _, hd = full.k.shape
+        end = self.length
+        k = jnp.stack(self.k).transpose(0, 1, 3, 2).reshape(layers, b, kvh, end, hd)
+        v = jnp.stack(self.v).reshape(layers, b, kvh, end, hd)
+        put = jax.lax.dynamic_update_slice
+        return full.replace(k=put(full.k, k, (0,) * 5), v=put(full.v, v, (0,) * 5),
+                            mask=put(full.mask, self.mask, (0, 0)))
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> PerLayerKVCache:
+        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset`."""
+        put = jax.lax.dynamic_update_slice
+        b, kvh, t, hd = k.shape
+        new_k = put(self.k[layer], k.reshape(b * kvh, t, hd).transpose(0, 2, 1).astype(self.k[layer].dtype),
+                    (0, 0, offset))
+        new_v = put(self.v[layer], v.reshape(b * kvh, t, hd).astype(self.v[layer].dtype), (0, offset, 0))
+        swap = lambda buf, x: buf[:layer] + (x,) + buf[layer + 1:]
+        return self.replace(k=swap(self.k, new_k), v=swap(self.v, new_v))
+
+    def read(self, layer: int, end: int) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of `layer` in slots [0, end), in this cache's layout."""
+        k, v = self.k[layer], self.v[layer]
+        return (k, v) if end == self.length else (k[..., :end], v[:, :end])
+
+    def dtype(self, layer: int):
+        return self.k[layer].dtype

@@ -17,7 +17,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import types
 import typing
 from typing import Any
 
@@ -39,14 +38,14 @@ NONE_WORDS = ("None", "none", "null")  # how the command line unsets an optional
 
 
 def _field_types(cls) -> dict[str, Any]:
+    """Each field's annotation, evaluated (`"int | None"` -> `int | None`)."""
     return typing.get_type_hints(cls)
 
 
 def _value_type(annotation) -> type:
-    """`int | None` -> int; `float` -> float."""
+    """The type a field holds when set: `int | None` -> int; `float` -> float."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union \
-        else annotation
+    return args[0] if args else annotation
 
 
 def _is_optional(annotation) -> bool:

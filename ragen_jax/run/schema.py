@@ -59,9 +59,9 @@ class EnvSection:
             if self.max_steps is not None:
                 raise ValueError(f"env.max_steps={self.max_steps} is not used by {self.name}; use env.max_attempts")
         else:
-            defaults = EnvSection.__dataclass_fields__
+            defaults = {field.name: field.default for field in dataclasses.fields(self)}
             for key in QA_ARGUMENTS:
-                if getattr(self, key) != defaults[key].default:
+                if getattr(self, key) != defaults[key]:
                     raise ValueError(f"env.{key}={getattr(self, key)!r} is only used by MathQA, not {self.name}")
 
     @property

@@ -65,7 +65,7 @@ def load_model(m: ModelSection, seed: int, mesh) -> tuple[Qwen2, Any]:
     return model, tokenizer
 
 
-WARM_STARTS = Path(__file__).parent.parent / "assets" / "warm_start"
+WARM_STARTS = Path(__file__).resolve().parent.parent / "assets" / "warm_start"
 
 
 def resolve_init(init: str) -> Path:

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    e = exp.config.eval
+    e = exp.run.settings.eval
     eval_config = EvalConfig(num_envs=args.episodes, samples_per_env=1, temperature=e.temperature, seed=e.seed)
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
                              exp.run.step.rollout, exp.mesh)

@@ -161,13 +161,11 @@ def initial_validation(config) -> dict[str, float]:
     from ragen_jax.analysis import reasoning_check
     from ragen_jax.run import distributed
     from ragen_jax.run.experiment import make_experiment
-    from ragen_jax.training.validation import EvalConfig, Validator
+    from ragen_jax.training.validation import Validator
 
     exp = make_experiment(config)
-    e = config.eval
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
-                          EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
-                                     temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
+    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.settings.eval,
+                          exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
     metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt))
     return metrics

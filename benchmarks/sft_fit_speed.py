@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training import sft
 
-    config = reproduce.run_config(args.env, 0, {"model.init": "", **overrides})
+    config = reproduce.run_config(args.env, 0, {"model.init": "None", **overrides})
     exp = make_experiment(config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=args.episodes, group_size=1)
     data = sft.demonstrations(jax.random.key(0), exp.env, sft.deterministic(exp.env, exp.env_params), exp.codec,

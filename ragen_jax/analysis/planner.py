@@ -281,8 +281,8 @@ def _bytes(tree) -> int:
     return total
 
 
-def _text_setup(config, run, cfg):
-    """env, env params, codec and prompt for the config, with the model's tokenizer."""
+def _text_setup(run, cfg):
+    """env, env params, codec and prompt for the run, with the model's tokenizer."""
     from ragen_jax.envs import registry
     from ragen_jax.models import hf
     from ragen_jax.run.errors import ConfigError
@@ -291,9 +291,10 @@ def _text_setup(config, run, cfg):
 
     env, env_params = registry.make(run.env_name, **run.env_overrides)
     try:
-        tokenizer = hf.load_tokenizer(config.model.path) if config.model.path else hf.load_tokenizer()
+        path = run.settings.model.path
+        tokenizer = hf.load_tokenizer(path) if path else hf.load_tokenizer()
     except (OSError, ValueError) as err:
-        raise ConfigError(f"model.path={config.model.path!r}: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"model.path={path!r}: {str(err).splitlines()[0]}") from None
     per_turn = run.step.rollout.max_actions_per_turn
     codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=cfg.vocab_size)
     prompt = PromptTemplate.build(tokenizer, env, per_turn)
@@ -359,7 +360,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
             config.model.preset = name
     run = build(config, len(devices))
     mesh = sharding.make_mesh(run.mesh_shape, devices)
-    env, env_params, codec, prompt = _text_setup(config, run, cfg)
+    env, env_params, codec, prompt = _text_setup(run, cfg)
     step_config = run.step
     rcfg, algo = step_config.rollout, step_config.algo
 

@@ -14,7 +14,8 @@ def parse_args(argv, description: str, workdir_required: bool = True, multi_proc
     jax.distributed flags with `multi_process`)."""
     parser = argparse.ArgumentParser(description=description, epilog=(
         "Any config key can be overridden after --config, e.g. --config.seed=1 --config.algo.name=grpo "
-        "--config.rollout.temperature=0.7 (every key and its default: ragen_jax/run/config.py)."))
+        "--config.rollout.temperature=0.7; an optional key is unset with None, e.g. --config.env.max_steps=None "
+        "(every key, its default and its checks: ragen_jax/run/schema.py)."))
     if multi_process:
         distributed.add_arguments(parser)
     parser.add_argument("--config", required=True, help="a config file with get_config(), e.g. configs/sokoban_tiny.py")

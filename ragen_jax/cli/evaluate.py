@@ -18,6 +18,7 @@ the run's mesh is the default, as `train` does (ragen_jax/run/host_devices.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -48,20 +49,19 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
     from ragen_jax.models.qwen2 import for_inference
     from ragen_jax.run.experiment import restore_run
-    from ragen_jax.training.validation import EvalConfig, Validator, render_trajectories
+    from ragen_jax.training.validation import Validator, render_trajectories
 
     if workdir.is_dir() and distributed.is_lead():
         check_writable_dir(workdir, "--workdir")
     exp, step = restore_run(workdir, step)
-    e = exp.config.eval
-    eval_config = EvalConfig(num_envs=episodes or e.num_envs, samples_per_env=samples or e.samples_per_env,
-                             temperature=e.temperature, seed=e.seed)
+    e = exp.run.settings.eval
+    eval_config = dataclasses.replace(e, num_envs=episodes or e.num_envs, samples_per_env=samples or e.samples_per_env)
     validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
                           exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
     k = eval_config.samples_per_env
     mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False,
-                                  score_rows=exp.config.diagnostics.get("score_rows", 0))
+                                  score_rows=exp.run.settings.diagnostics.score_rows)
     with sharding.tracing_on(exp.mesh):
         mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
             for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),

@@ -23,10 +23,11 @@ def main(argv=None) -> int:
     quiet.commands()
     from ragen_jax.cli.args import load_config, parse_args
     from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
+    from ragen_jax.run.config import to_json
     from ragen_jax.run.errors import ConfigError
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training.step import TrainState
-    from ragen_jax.training.validation import EvalConfig, Validator
+    from ragen_jax.training.validation import Validator
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--episodes", type=int, default=SFTConfig.episodes)
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
     parser.add_argument("--name-holes", action="store_true", help="FrozenLake: the reasoning also names the "
                         "moves that would step into a hole (docs/tuning.md, naming the holes)")
-    parser.add_argument("--init", default="", help="continue from these weights (a workdir, a Hugging Face "
+    parser.add_argument("--init", default=None, help="continue from these weights (a workdir, a Hugging Face "
                         "directory or builtin:<name>) instead of random ones")
     parser.add_argument("--export", default="", help="also write a Hugging Face directory here")
     extra, rest = parser.parse_known_args(argv)
@@ -43,16 +44,16 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir)
     try:
         config = load_config(args.config, overrides)
-        # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
-        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise,
-                        name_holes=extra.name_holes, seed=config.seed)
         with config.unlocked():
             config.model.init = extra.init  # the configs' own warm start is not where a fit begins
         exp = make_experiment(config)
+        # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
+        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise,
+                        name_holes=extra.name_holes, seed=exp.run.settings.seed)
         if extra.name_holes and exp.env.name != "frozenlake":
-            raise ConfigError(f"--name-holes: FrozenLake only, not env.name={config.env.name!r}")
+            raise ConfigError(f"--name-holes: FrozenLake only, not env.name={exp.run.env_name!r}")
         if exp.env.answer_kind != "actions":
-            raise ConfigError(f"env.name={config.env.name!r}: solver demonstrations exist for the board games only "
+            raise ConfigError(f"env.name={exp.run.env_name!r}: solver demonstrations exist for the board games only "
                               f"(SimpleSokoban, LargerSokoban, FrozenLake)")
         check_writable_dir(workdir, "--workdir")
         if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
@@ -63,17 +64,15 @@ def main(argv=None) -> int:
     compile_cache.enable()
     log = lambda message: print(message, file=sys.stderr)
     warm_start(exp, sft, log)
-    e = config.eval
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
-                          EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
-                                     temperature=e.temperature, seed=e.seed), exp.run.step.rollout)
+    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.settings.eval,
+                          exp.run.step.rollout)
     metrics, _ = validator(nnx.state(exp.model))
     log(f"validation after SFT: success {metrics['success']:.3f}, valid actions {metrics['valid_action_rate']:.3f}")
     state = TrainState(step=jnp.int32(0), key=jax.random.key(0), policy=nnx.state(exp.model), policy_opt=None,
                        critic=None, critic_opt=None, reference=None, empty_streak=jnp.int32(0), diagnostics=None)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        write_atomically(workdir / "config.json", config.to_json(indent=2, sort_keys=True))
+        write_atomically(workdir / "config.json", to_json(exp.run.values))
         checkpoints = Checkpoints(workdir, keep=1)
         try:
             checkpoints.save(state, force=True)

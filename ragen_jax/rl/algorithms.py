@@ -25,13 +25,20 @@ from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 ALGORITHMS = ("ppo", "grpo", "drgrpo", "dapo")
 ADAM_MOMENTS = ("param", "bfloat16")
 ADVANTAGES = ("gae", "grpo", "drgrpo")
+# Each algorithm's advantage and loss aggregation, used where the config leaves them unset.
+RECIPES = {
+    "ppo": dict(advantage="gae", aggregation="token-mean"),
+    "grpo": dict(advantage="grpo", aggregation="seq-mean-token-mean"),
+    "drgrpo": dict(advantage="drgrpo", aggregation="seq-mean-token-sum"),
+    "dapo": dict(advantage="grpo", aggregation="token-mean"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgoConfig:
     name: str = "ppo"
-    advantage: str = "gae"
-    aggregation: str = "token-mean"
+    advantage: str | None = None  # None: the algorithm's (RECIPES)
+    aggregation: str | None = None  # None: the algorithm's (RECIPES)
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = None
@@ -57,17 +64,13 @@ class AlgoConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "AlgoConfig":
-        if name not in ALGORITHMS:
-            raise ValueError(f"algo.name={name!r} is not supported; allowed: {', '.join(ALGORITHMS)}")
-        recipe = {
-            "ppo": dict(advantage="gae", aggregation="token-mean"),
-            "grpo": dict(advantage="grpo", aggregation="seq-mean-token-mean"),
-            "drgrpo": dict(advantage="drgrpo", aggregation="seq-mean-token-sum"),
-            "dapo": dict(advantage="grpo", aggregation="token-mean"),
-        }[name]
-        return cls(name=name, **{**recipe, **overrides})
+        return cls(name=name, **overrides)
 
     def __post_init__(self):
+        if self.name in RECIPES:  # an unknown name is reported below
+            for field, value in RECIPES[self.name].items():
+                if getattr(self, field) is None:
+                    object.__setattr__(self, field, value)
         for field, allowed in (("name", ALGORITHMS), ("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
                                ("kl_estimator", KL_ESTIMATORS), ("adam_moments", ADAM_MOMENTS)):
             value = getattr(self, field)

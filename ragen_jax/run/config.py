@@ -1,119 +1,81 @@
-"""Run configuration: every key with its default in one place, overrides, validation.
+"""Run configuration: the ConfigDict of config files and overrides, and its one conversion into
+the typed `RunConfig` the code takes.
 
-A config file in configs/ defines `get_config()`, which starts from `default_config()` (the
-defaults of docs/method.md) and changes what it needs. The command line overrides any key with
-`--config.section.key=value`; the value is parsed as the type of the key's default. Mistakes
-end in one `ConfigError` line naming the key, the value and what is allowed, before anything
-heavy starts (`build` turns the ConfigDict into the frozen dataclasses the code uses, and
-those validate their own ranges).
+Every key, its default and its checks live in the frozen dataclasses of `ragen_jax.run.schema`;
+`default_config()` generates the ml_collections ConfigDict from them. A config file in configs/
+defines `get_config()`, which starts from `default_config()` (the defaults of docs/method.md)
+and changes what it needs. The command line overrides any key with `--config.section.key=value`,
+parsed as the type of the key's dataclass field (`None` where the field may be unset). `build`
+turns the ConfigDict into a `RunConfig` once; mistakes end in one `ConfigError` line naming the
+key, the value and what is allowed, before anything heavy starts.
 """
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import importlib.util
 import json
-import math
 import os
+import typing
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict as config_dict_lib
 
-from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
-from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import PRESETS, REMAT_POLICIES
-from ragen_jax.rl.algorithms import AlgoConfig
-from ragen_jax.rl.filtering import METRIC_ALIASES, FilterConfig
-from ragen_jax.rollout.play import RolloutConfig
+from ragen_jax.rl.filtering import METRIC_ALIASES
 from ragen_jax.run.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
+from ragen_jax.run.schema import Settings
 from ragen_jax.run.sharding import rows_indivisible
 from ragen_jax.training.step import StepConfig
 
-PRESET = ""  # algo.advantage / algo.aggregation: "" means "the algorithm preset's"
 # Keys that may change between a run and its resumption (they do not change the numbers).
 RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
                   "train.skip_damaged", "logging.tensorboard", "logging.wandb", "logging.wandb_project",
                   "logging.progress")
+NONE_WORDS = ("None", "none", "null")  # how the command line unsets an optional key
 
 
-def default_config() -> ml_collections.ConfigDict:
+def _field_types(cls) -> dict[str, Any]:
+    """Each field's annotation, evaluated (`"int | None"` -> `int | None`)."""
+    return typing.get_type_hints(cls)
+
+
+def _value_type(annotation) -> type:
+    """The type a field holds when set: `int | None` -> int; `float` -> float."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def _is_optional(annotation) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _field_default(field: dataclasses.Field):
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def config_dict(cls=Settings) -> ml_collections.ConfigDict:
+    """The ConfigDict of a settings dataclass: a section per nested dataclass, each key its
+    field's default; an optional key left unset is a typed placeholder (None until set)."""
     c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.env = ml_collections.ConfigDict(dict(
-        name="SimpleSokoban", max_steps=0,  # 0: the preset's
-        # MathQA only: records from a local file (JSON lines / JSON / parquet), else `num_records`
-        # generated arithmetic problems from `data_seed`; prepared by tensorflow-datasets under
-        # `data_dir` ("" : its default); a question allows `max_attempts` valid answers.
-        data_path="", data_dir="", num_records=1000, data_seed=0, max_attempts=1,
-        # FrozenLake only: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
-        # deterministic); -1: the preset's 1/3, the classic slippery lake.
-        success_rate=-1.0,
-    ))
-    c.model = ml_collections.ConfigDict(dict(
-        preset="tiny",  # built-in shapes, random init (or `init` weights); ignored when `path` is set
-        path="",  # a local Hugging Face checkpoint directory (config.json + safetensors)
-        init="",  # initial weights: a train/sft workdir, a Hugging Face dir, or builtin:<name> (shipped)
-        dtype="float32", param_dtype="float32",
-        # rematerialise each layer in the backward pass, keeping what `remat_policy` names
-        # (full | minimal | dots: ragen_jax.models.qwen2.REMAT_POLICIES)
-        remat=False, remat_policy="full",
-        # one layer's program scanned over stacked weights (compile time independent of depth)
-        # instead of a Python loop over the layers (on a CPU the tiny model runs faster unrolled)
-        scan_layers=False,
-        # log-probs over the vocabulary this many entries at a time (0: all at once); at a 152K
-        # vocabulary the f32 logits are most of the loss's and the diagnostics' memory
-        vocab_chunk=0,
-    ))
-    c.rollout = ml_collections.ConfigDict(dict(
-        num_groups=8, group_size=16, max_turns=5, max_actions_per_turn=2, max_actions_per_traj=10,
-        max_new_tokens=120, format_penalty=-0.1, temperature=1.0, top_p=1.0, top_k=0,
-        # each action's first token in the answer (a move's name): its temperature (-1: `temperature`)
-        # and top-k (0: `top_k`; e.g. the number of moves, so a hot draw stays a move)
-        action_temperature=-1.0, action_top_k=0,
-        shared_env_noise=False,  # a group's members meet the same env noise (slips), see RolloutConfig
-    ))
-    c.filter = ml_collections.ConfigDict(dict(
-        # metric: reward_var (the paper's variance mass, sample variance with `ddof`), reward_std
-        # (RAGEN's code; `reward_variance` is accepted as another name), reward_mean, entropy.
-        # update: paper (the same optimiser steps per RL step as an unfiltered batch, each on
-        # kept rows / steps rows) or fewer_steps (full minibatches, ceil(kept rows / minibatch) steps).
-        metric="reward_var", ddof=1, strategy="top_p", rho=0.9, prob_mode="linear", include_zero=True,
-        loss_scaling="none", bootstrap_fraction=0.0, update="paper",
-    ))
-    c.algo = ml_collections.ConfigDict(dict(
-        name="ppo", advantage=PRESET, aggregation=PRESET, clip_low=0.2, clip_high=0.28, dual_clip=0.0,
-        entropy_coef=0.001, kl_coef=0.0, kl_estimator="k3", gamma=1.0, lam=1.0, actor_lr=1e-6, critic_lr=1e-5,
-        weight_decay=0.01, grad_clip=1.0, lr_warmup=0, adam_eps=1e-8, lr_decay_fraction=0.0, value_clip=0.5,
-        adam_moments="param",  # or "bfloat16": Adam's moments stored in bfloat16 (half the optimiser memory)
-        mini_batch_size=32, micro_batch_size=0, epochs=1,
-    ))
-    c.diagnostics = ml_collections.ConfigDict(dict(
-        enabled=True, compute_freq=5, num_samples=64, per_turn=True, per_turn_samples=16, action_grounding=True,
-        answer_tokens=32, alarm_drop=0.5, alarm_entropy_tolerance=0.1, alarm_below=0.0, prefill_rows=8,
-        score_rows=0,  # samples scored at a time (0: all at once; a bound on memory at real sizes)
-        stop_on_alarm=False,
-    ))
-    c.grad_buckets = 0  # reward-std buckets of the gradient analysis (0: off; the paper uses 6)
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
-    c.train = ml_collections.ConfigDict(dict(
-        steps=200, log_every=1, save_every=20, keep_checkpoints=3, val_every=10, resume=True,
-        skip_damaged=True,  # resume from the newest checkpoint that restores (false: stop at a damaged one)
-    ))
-    c.eval = ml_collections.ConfigDict(dict(num_envs=32, samples_per_env=1, temperature=0.5, seed=1234))
-    c.early_stop = ml_collections.ConfigDict(dict(
-        empty_batches=5,  # stop after this many filtered-empty steps in a row (0: never)
-        reward_std_collapse=5,  # ... after this many steps with zero in-group reward std everywhere (0: never)
-        val_success_below=0.01, val_patience=5,  # ... when validation success < this for this many validations
-    ))
-    c.logging = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="ragen_jax",
-                                              progress=True))
+    types_ = _field_types(cls)
+    for field in dataclasses.fields(cls):
+        kind = types_[field.name]
+        if dataclasses.is_dataclass(kind):
+            c[field.name] = config_dict(kind)
+            continue
+        default = _field_default(field)
+        c[field.name] = config_dict_lib.placeholder(_value_type(kind)) if default is None else default
     return c
 
 
-def tiny_cpu_config(env_name: str, warm_start: str = "") -> ml_collections.ConfigDict:
+def default_config() -> ml_collections.ConfigDict:
+    return config_dict(Settings)
+
+
+def tiny_cpu_config(env_name: str, warm_start: str | None = None) -> ml_collections.ConfigDict:
     """The built-in tiny model on `env_name`, sized for a laptop CPU and set to learn from the
     shipped warm starts within ~20 minutes (docs/tuning.md, "What the defaults do and why"): GRPO (no critic to
     fit first) without an entropy bonus, 32 groups × 4, rollouts at the validation temperature
@@ -153,7 +115,7 @@ def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
     model over all devices (3B and up) instead of replicating it (data parallelism)."""
     c = default_config()
     c.env.name = env_name
-    c.model.update(preset="", path="", dtype="bfloat16", remat=True, scan_layers=True, vocab_chunk=16384)
+    c.model.update(preset=None, path=None, dtype="bfloat16", remat=True, scan_layers=True, vocab_chunk=16384)
     c.diagnostics.score_rows = 16
     c.rollout.update(num_groups=8, group_size=16, max_turns=5, max_new_tokens=120)
     c.algo.update(name="ppo", mini_batch_size=32, micro_batch_size=8)
@@ -195,29 +157,37 @@ def check_keys(config, reference, prefix="") -> None:
             check_keys(value, reference[key], name + ".")
 
 
-def _parse(name: str, text: str, default: Any):
-    if isinstance(default, bool):
+def _parse(name: str, text: str, annotation) -> Any:
+    """`text` from `--config.{name}=text` as a value of the field's type `annotation`."""
+    kind, optional = _value_type(annotation), _is_optional(annotation)
+    if optional and text in NONE_WORDS:
+        return None
+    unset = " or None (unset)" if optional else ""
+    if kind is bool:
         if text.lower() in ("true", "1", "yes"):
             return True
         if text.lower() in ("false", "0", "no"):
             return False
-        raise ConfigError(f"--config.{name}={text!r}: expected true or false")
-    if isinstance(default, int):
+        raise ConfigError(f"--config.{name}={text!r}: expected true or false{unset}")
+    if kind is int:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(f"--config.{name}={text!r}: expected an integer") from None
-    if isinstance(default, float):
+            raise ConfigError(f"--config.{name}={text!r}: expected an integer{unset}") from None
+    if kind is float:
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"--config.{name}={text!r}: expected a number") from None
-    if isinstance(default, (tuple, list)):
-        try:
-            return tuple(ast.literal_eval(text))
-        except (ValueError, SyntaxError, TypeError):
-            raise ConfigError(f"--config.{name}={text!r}: expected a tuple like (1, 2)") from None
+            raise ConfigError(f"--config.{name}={text!r}: expected a number{unset}") from None
     return text
+
+
+def field_annotation(name: str):
+    """The type of the settings field `name` ("algo.dual_clip" -> `float | None`)."""
+    cls, parts = Settings, name.split(".")
+    for part in parts[:-1]:
+        cls = _field_types(cls)[part]
+    return _field_types(cls)[parts[-1]]
 
 
 def split_overrides(items: list[str], error) -> dict[str, str]:
@@ -249,7 +219,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
             raise ConfigError(f"--config.{name} is a section; set one of its keys: "
                               f"{', '.join(sorted(node[parts[-1]].keys()))}")
         with node.unlocked():
-            node[parts[-1]] = _parse(name, text, node[parts[-1]])
+            node[parts[-1]] = _parse(name, text, field_annotation(name))
     return config
 
 
@@ -258,12 +228,22 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """The parts of a run the code consumes, validated."""
+    """A run's validated config: the file's sections (`settings`), the train step's static
+    config and the mesh on the devices present, and the config's values as a plain dict (what
+    the workdir's config.json holds)."""
 
+    settings: Settings
     step: StepConfig
-    env_name: str
-    env_overrides: dict
     mesh_shape: tuple[int, int, int]
+    values: dict
+
+    @property
+    def env_name(self) -> str:
+        return self.settings.env.name
+
+    @property
+    def env_overrides(self) -> dict:
+        return self.settings.env.arguments()
 
 
 def _wrap(section: str, build):
@@ -279,114 +259,36 @@ def _wrap(section: str, build):
         raise ConfigError(message) from None
 
 
-QA_KEYS = {"data_path": "data_path", "data_dir": "data_dir", "num_records": "num_records", "data_seed": "seed",
-           "max_attempts": "max_attempts"}
+def settings_from_dict(values: dict, cls=Settings, prefix: str = ""):
+    """The dataclass `cls` of a config's values, section by section; a key the values lack (a
+    saved config that predates it) gets its default."""
+    types_ = _field_types(cls)
+    for key in values:
+        if key not in types_:
+            raise ConfigError(f"unknown config key {prefix + key!r}; allowed here: {', '.join(sorted(types_))}")
+    fields = {}
+    for key, value in values.items():
+        if dataclasses.is_dataclass(types_[key]):
+            section = prefix + key
+            value = _wrap(section, lambda: settings_from_dict(value, types_[key], section + "."))
+        fields[key] = value
+    return cls(**fields)
 
 
-def env_arguments(config: ml_collections.ConfigDict) -> dict:
-    """The keyword arguments `registry.make` gets for `config.env`; the dataset keys are for
-    MathQA only (setting one for another env is an error, not silently ignored)."""
-    e, defaults = config.env, default_config().env
-    rate = e.get("success_rate", defaults.success_rate)  # configs saved before the key: the default
-    slip = {}
-    if rate != defaults.success_rate:
-        if registry.ALIASES.get(e.name, e.name) != "FrozenLake":
-            raise ConfigError(f"env.success_rate={rate} is only used by FrozenLake, not {e.name}")
-        if not 0.0 <= rate <= 1.0:
-            raise ConfigError(f"env.success_rate={rate} must be in [0, 1] (or -1 for the preset's 1/3)")
-        slip = {"success_rate": float(rate)}
-    is_qa = registry.ALIASES.get(e.name, e.name) in registry.FACTORIES
-    if is_qa:
-        if e.max_steps:
-            raise ConfigError(f"env.max_steps={e.max_steps} is not used by {e.name}; use env.max_attempts")
-        return {arg: e[key] for key, arg in QA_KEYS.items()}
-    for key in QA_KEYS:
-        if e.get(key, defaults[key]) != defaults[key]:
-            raise ConfigError(f"env.{key}={e[key]!r} is only used by MathQA, not {e.name}")
-    return {**({"max_steps": e.max_steps} if e.max_steps else {}), **slip}
-
-
-def build(config: ml_collections.ConfigDict, device_count: int) -> RunConfig:
+def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunConfig:
     """Validate the whole config and build the static configs (no arrays, no compiles)."""
-    if config.env.name not in registry.names():
-        raise ConfigError(f"env.name={config.env.name!r} is not a known environment; allowed: "
-                          f"{', '.join(registry.names())}")
-    env_overrides = env_arguments(config)
-    _wrap("env", lambda: registry.make(config.env.name, **env_overrides))
-    if not config.model.path and not config.model.preset:
-        raise ConfigError("model.path is required by this config: a local Hugging Face checkpoint directory "
-                          "(config.json + safetensors), e.g. --config.model.path=/path/to/Qwen2.5-3B-Instruct")
-    if not config.model.path and config.model.preset not in PRESETS:
-        raise ConfigError(f"model.preset={config.model.preset!r} is not known; allowed: {', '.join(PRESETS)} "
-                          "(or set model.path to a Hugging Face checkpoint directory)")
-    for key in ("dtype", "param_dtype"):
-        if config.model[key] not in ("float32", "bfloat16"):
-            raise ConfigError(f"model.{key}={config.model[key]!r} is not supported; allowed: float32, bfloat16")
-    if config.model.vocab_chunk < 0:
-        raise ConfigError(f"model.vocab_chunk={config.model.vocab_chunk} must be >= 0 (0: the whole vocabulary at once)")
-    if config.model.remat_policy not in REMAT_POLICIES:
-        raise ConfigError(f"model.remat_policy={config.model.remat_policy!r} is not supported; allowed: "
-                          f"{', '.join(REMAT_POLICIES)}")
-    r = config.rollout
-    params = _wrap("rollout", lambda: sampling.SamplingParams(temperature=r.temperature, top_p=r.top_p,
-                                                               top_k=r.top_k))
-    if r.action_temperature != -1.0 and not (math.isfinite(r.action_temperature) and r.action_temperature >= 0):
-        raise ConfigError(f"rollout.action_temperature={r.action_temperature} must be >= 0 (0: greedy actions) "
-                          "or -1 (the rollout temperature)")
-    if r.action_top_k < 0:
-        raise ConfigError(f"rollout.action_top_k={r.action_top_k} must be >= 0 (0: rollout.top_k)")
-    action_params = dataclasses.replace(params, temperature=float(r.action_temperature if r.action_temperature != -1.0
-                                                                  else r.temperature),
-                                        top_k=r.action_top_k or r.top_k)
-    action_params = None if action_params == params else action_params
-    rollout = _wrap("rollout", lambda: RolloutConfig(
-        num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
-        max_actions_per_turn=r.max_actions_per_turn, max_actions_per_traj=r.max_actions_per_traj,
-        max_new_tokens=r.max_new_tokens, format_penalty=r.format_penalty, sampling=params,
-        action_sampling=action_params, shared_env_noise=r.shared_env_noise))
-    filt = _wrap("filter", lambda: FilterConfig(**config.filter.to_dict()))
-    a = config.algo.to_dict()
-    name = a.pop("name")
-    for key in ("advantage", "aggregation"):
-        if a[key] == PRESET:
-            a.pop(key)
-    a["dual_clip"] = a["dual_clip"] or None
-    algo = _wrap("algo", lambda: AlgoConfig.preset(name, **a))
-    d = config.diagnostics.to_dict()
-    enabled = d.pop("enabled")
-    d.pop("stop_on_alarm")
-    diagnostics = _wrap("diagnostics", lambda: DiagnosticsConfig(**d)) if enabled else None
-    t = config.train  # before the step config, whose learning-rate schedule reads train.steps
-    for key in ("steps", "log_every", "save_every", "keep_checkpoints", "val_every"):
-        if t[key] < (0 if key in ("val_every",) else 1):
-            raise ConfigError(f"train.{key}={t[key]} must be >= {0 if key == 'val_every' else 1}")
-    step = _wrap("", lambda: StepConfig(rollout=rollout, filter=filt, algo=algo, diagnostics=diagnostics,
-                                              grad_buckets=config.grad_buckets, total_steps=config.train.steps))
-
-    sizes = {key: config.mesh[key] for key in ("data", "fsdp", "tensor")}
-    for key, size in sizes.items():
-        if size == 0 or size < -1:
-            raise ConfigError(f"mesh.{key}={size} must be >= 1, or -1 (all devices the other axes leave)")
-    if list(sizes.values()).count(-1) > 1:
-        raise ConfigError(f"mesh {sizes}: at most one axis may be -1")
-    fixed = math.prod(s for s in sizes.values() if s > 0)
-    sizes = {k: (max(1, device_count // fixed) if s == -1 else s) for k, s in sizes.items()}
-    data, fsdp, tensor = sizes["data"], sizes["fsdp"], sizes["tensor"]
-    if data * fsdp * tensor > device_count:
-        raise ConfigError(f"mesh {data}x{fsdp}x{tensor} needs {data * fsdp * tensor} devices; "
-                          f"{device_count} available")
-    problem = rows_indivisible(rollout.batch, algo.mini_batch_size, data * fsdp)
+    values = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else copy.deepcopy(config)
+    settings = settings_from_dict(values)
+    _wrap("env", lambda: registry.make(settings.env.name, **settings.env.arguments()))
+    step = _wrap("", lambda: StepConfig(
+        rollout=settings.rollout.rollout_config(), filter=settings.filter, algo=settings.algo,
+        diagnostics=settings.diagnostics.diagnostics_config(), grad_buckets=settings.grad_buckets,
+        total_steps=settings.train.steps))
+    data, fsdp, tensor = _wrap("mesh", lambda: settings.mesh.shape(device_count))
+    problem = rows_indivisible(step.rollout.batch, step.algo.mini_batch_size, data * fsdp)
     if problem:
         raise ConfigError(problem)
-    e = config.eval
-    if e.num_envs < 1 or e.samples_per_env < 1 or e.temperature < 0:
-        raise ConfigError(f"eval.num_envs={e.num_envs}, eval.samples_per_env={e.samples_per_env} must be >= 1 "
-                          f"and eval.temperature={e.temperature} >= 0")
-    s = config.early_stop
-    if s.empty_batches < 0 or s.reward_std_collapse < 0 or s.val_patience < 0:
-        raise ConfigError("early_stop.empty_batches, reward_std_collapse and val_patience must be >= 0 (0: off)")
-    return RunConfig(step=step, env_name=config.env.name, env_overrides=env_overrides,
-                     mesh_shape=(data, fsdp, tensor))
+    return RunConfig(settings=settings, step=step, mesh_shape=(data, fsdp, tensor), values=values)
 
 
 def model_options(config: ml_collections.ConfigDict) -> dict:
@@ -397,24 +299,36 @@ def model_options(config: ml_collections.ConfigDict) -> dict:
     return {key: m.get(key, defaults[key]) for key in keys}
 
 
-def to_json(config: ml_collections.ConfigDict) -> str:
-    return json.dumps(config.to_dict(), indent=2, sort_keys=True)
+def to_json(config: ml_collections.ConfigDict | dict) -> str:
+    values = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    return json.dumps(values, indent=2, sort_keys=True)
 
 
 # Keys added after runs were saved whose default is not what those runs did: a saved config
 # without the key ran this value.
 BEFORE_THE_KEY = {"filter": {"update": "fewer_steps"}}
+# The values that meant "unset" in configs saved before unset keys were None.
+UNSET_BEFORE_NONE = {"env": {"max_steps": (0,), "success_rate": (-1,), "data_path": ("",), "data_dir": ("",)},
+                     "model": {"preset": ("",), "path": ("",), "init": ("",)},
+                     "rollout": {"action_temperature": (-1,), "action_top_k": (0,)},
+                     "algo": {"advantage": ("", "preset"), "aggregation": ("", "preset"), "dual_clip": (0,)}}
 
 
 def read_saved(saved: dict) -> dict:
     """A saved run config in today's terms: keys added since it was saved get what the run did
-    (`BEFORE_THE_KEY`) and renamed values their current name (`filter.metric='reward_variance'`
-    is `reward_std`)."""
+    (`BEFORE_THE_KEY`), values that meant "unset" are None (`UNSET_BEFORE_NONE`) and renamed
+    values have their current name (`filter.metric='reward_variance'` is `reward_std`)."""
     saved = copy.deepcopy(saved)
     for section, keys in BEFORE_THE_KEY.items():
         if isinstance(saved.get(section), dict):
             for key, value in keys.items():
                 saved[section].setdefault(key, value)
+    for section, keys in UNSET_BEFORE_NONE.items():
+        if isinstance(saved.get(section), dict):
+            for key, unset in keys.items():
+                value = saved[section].get(key)
+                if not isinstance(value, bool) and value in unset:
+                    saved[section][key] = None
     metric = saved.get("filter", {}).get("metric") if isinstance(saved.get("filter"), dict) else None
     if metric in METRIC_ALIASES:
         saved["filter"]["metric"] = METRIC_ALIASES[metric]

@@ -20,7 +20,8 @@ from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, init_model, shard_model
 from ragen_jax.run import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
-from ragen_jax.run.config import ConfigError, RunConfig, build, model_options
+from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved
+from ragen_jax.run.schema import ModelSection
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.training.step import Trainer
@@ -28,7 +29,6 @@ from ragen_jax.training.step import Trainer
 
 @dataclasses.dataclass
 class Experiment:
-    config: ml_collections.ConfigDict
     run: RunConfig
     env: Any
     env_params: Any
@@ -42,22 +42,21 @@ class Experiment:
         return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
 
 
-def load_model(config: ml_collections.ConfigDict, mesh) -> tuple[Qwen2, Any]:
+def load_model(m: ModelSection, seed: int, mesh) -> tuple[Qwen2, Any]:
     """The policy and its tokenizer: a local Hugging Face checkpoint (`model.path`), or the
     built-in preset with the built-in tokenizer, randomly initialised from `seed` and then,
     if `model.init` names a workdir, loaded with that run's latest policy."""
-    m = config.model
     if m.path:
         if not os.path.isdir(m.path):
             raise ConfigError(f"model.path={m.path!r} is not a directory (a local Hugging Face checkpoint)")
         try:
-            model = hf.load_pretrained(m.path, mesh, **model_options(config))
+            model = hf.load_pretrained(m.path, mesh, **m.options())
             tokenizer = hf.load_tokenizer(m.path)
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
     else:
-        cfg = Qwen2Config.preset(m.preset, **model_options(config))
-        model = init_model(cfg, jax.random.key(config.seed))
+        cfg = Qwen2Config.preset(m.preset, **m.options())
+        model = init_model(cfg, jax.random.key(seed))
         tokenizer = hf.load_tokenizer()
         if mesh is not None:
             model = shard_model(model, mesh)
@@ -110,19 +109,20 @@ def load_initial_weights(model: Qwen2, init: str) -> None:
                                    nnx.state(source), nnx.state(model)))
 
 
-def make_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
+def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None) -> Experiment:
+    """The run's objects on `devices` (all by default); a ConfigDict is built first (`build`)."""
     devices = list(devices if devices is not None else jax.devices())
-    run = build(config, len(devices))
+    run = config if isinstance(config, RunConfig) else build(config, len(devices))
     mesh = None if run.mesh_shape == (1, 1, 1) else sharding.make_mesh(run.mesh_shape, devices)
     env, env_params = registry.make(run.env_name, **run.env_overrides)
-    model, tokenizer = load_model(config, mesh)
+    model, tokenizer = load_model(run.settings.model, run.settings.seed, mesh)
     per_turn = run.step.rollout.max_actions_per_turn
     try:
         codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=model.cfg.vocab_size)
         prompt = PromptTemplate.build(tokenizer, env, per_turn)
     except ValueError as err:
         raise ConfigError(f"the tokenizer cannot render {run.env_name}: {str(err).splitlines()[0]}") from None
-    return Experiment(config, run, env, env_params, tokenizer, codec, prompt, model, mesh)
+    return Experiment(run, env, env_params, tokenizer, codec, prompt, model, mesh)
 
 
 def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experiment, int]:
@@ -141,7 +141,7 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
     if not saved.is_file():
         raise ConfigError(f"{saved} does not exist: {workdir} is not a training workdir")
     try:
-        config = ml_collections.ConfigDict(json.loads(saved.read_text()))
+        config = read_saved(json.loads(saved.read_text()))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{saved} is not valid JSON ({err})") from None
     steps = restorable_steps(workdir)
@@ -154,9 +154,9 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
     try:
         build(config, len(devices))
     except ConfigError:  # the saved mesh does not fit these devices: plain data parallelism
-        config.mesh.update(data=-1, fsdp=1, tensor=1)
-    config.model.init = ""  # the checkpoint replaces the initial weights
-    exp = make_experiment(config, devices)
+        config["mesh"] = {"data": -1, "fsdp": 1, "tensor": 1}
+    config.setdefault("model", {})["init"] = None  # the checkpoint replaces the initial weights
+    exp = make_experiment(build(config, len(devices)), devices)
     step, policy = restore_policy(workdir, step, nnx.state(exp.model))
     nnx.update(exp.model, policy)
     return exp, step

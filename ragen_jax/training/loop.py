@@ -47,6 +47,7 @@ from ragen_jax.run import config as config_lib
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.errors import ConfigError
 from ragen_jax.run.files import check_writable_dir, write_atomically
+from ragen_jax.run.schema import EarlyStopSection
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 1, 2, 143
 # Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
@@ -56,7 +57,7 @@ _KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
 # ----------------------------------------------------------------------------- workdir
 
 
-def check_workdir(workdir: Path, config) -> None:
+def check_workdir(workdir: Path, run: config_lib.RunConfig) -> None:
     """Refuse a workdir that is not a writable directory, or one made by a different config
     (when resuming). Writes nothing."""
     check_writable_dir(workdir, "--workdir")
@@ -67,42 +68,43 @@ def check_workdir(workdir: Path, config) -> None:
             saved = json.loads(saved_path.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{saved_path} is not valid JSON ({err}); use a new --workdir") from None
-        changes = config_lib.differences(saved, config.to_dict())
-        if changes and config.train.resume and has_checkpoints:
+        changes = config_lib.differences(saved, run.values)
+        if changes and run.settings.train.resume and has_checkpoints:
             shown = "; ".join(changes[:4]) + (f"; … {len(changes) - 4} more" if len(changes) > 4 else "")
             raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}); use a new "
                               "--workdir, or --config.train.resume=false to ignore its checkpoints")
-    if not config.train.resume and has_checkpoints:
+    if not run.settings.train.resume and has_checkpoints:
         raise ConfigError(f"workdir {workdir} already has checkpoints and train.resume=false would overwrite them; "
                           "use a new --workdir (or delete its checkpoints directory)")
 
 
-def write_config(workdir: Path, config) -> None:
+def write_config(workdir: Path, run: config_lib.RunConfig) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
-    write_atomically(workdir / "config.json", config_lib.to_json(config))
+    write_atomically(workdir / "config.json", config_lib.to_json(run.values))
 
 
 class MetricsLog:
     """metrics.jsonl (+ TensorBoard, + Weights & Biases when enabled and installed)."""
 
-    def __init__(self, workdir: Path, config, resume_step: int):
+    def __init__(self, workdir: Path, run: config_lib.RunConfig, resume_step: int):
         self.path = workdir / "metrics.jsonl"
         self.history = self._truncate(resume_step)
         self.file = self.path.open("a")
         self.tensorboard = None
-        if config.logging.tensorboard:
+        logging = run.settings.logging
+        if logging.tensorboard:
             from tensorboardX import SummaryWriter
 
             self.tensorboard = SummaryWriter(str(workdir), purge_step=resume_step + 1 if resume_step else None)
         self.wandb = None
-        if config.logging.wandb:
+        if logging.wandb:
             try:
                 import wandb
             except ImportError:
                 print("note: logging.wandb=true but wandb is not installed (pip install wandb); skipping it",
                       file=sys.stderr)
             else:
-                self.wandb = wandb.init(project=config.logging.wandb_project, config=config.to_dict(),
+                self.wandb = wandb.init(project=logging.wandb_project, config=run.values,
                                         dir=str(workdir), id=_run_id(workdir), resume="allow")
 
     def _truncate(self, resume_step: int) -> list[dict]:
@@ -165,9 +167,9 @@ class EarlyStop:
     Only steps that trained count: the initial policy's validation (step 0) is no evidence of a
     stuck run."""
 
-    def __init__(self, config, history: list[dict]):
-        self.rules = config.early_stop
-        self.stop_on_alarm = config.diagnostics.stop_on_alarm
+    def __init__(self, rules: EarlyStopSection, stop_on_alarm: bool, history: list[dict]):
+        self.rules = rules
+        self.stop_on_alarm = stop_on_alarm
         self.collapsed_steps = 0
         self.low_validations = 0
         for record in history:
@@ -238,22 +240,23 @@ def validation_metrics(validator, policy, exp) -> dict:
 def train(config, workdir: Path, devices=None) -> int:
     from ragen_jax.run.experiment import make_experiment
 
-    config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
-    check_workdir(workdir, config)
-    exp = make_experiment(config, devices)  # loads the model: bad paths fail before any write
+    run = config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
+    check_workdir(workdir, run)
+    exp = make_experiment(run, devices)  # loads the model: bad paths fail before any write
     lead = distributed.is_lead()  # process 0 writes config, logs and messages
     trainer = exp.trainer()
-    checkpoints = Checkpoints(workdir, keep=config.train.keep_checkpoints)
+    train_settings = run.settings.train
+    checkpoints = Checkpoints(workdir, keep=train_settings.keep_checkpoints)
     try:
-        state = trainer.init_state(jax.random.key(config.seed), exp.model)
+        state = trainer.init_state(jax.random.key(run.settings.seed), exp.model)
         start = 0
-        if config.train.resume and checkpoints.steps():
-            start, state = resume(checkpoints, state, config.train.skip_damaged)
+        if train_settings.resume and checkpoints.steps():
+            start, state = resume(checkpoints, state, train_settings.skip_damaged)
             if lead:
                 print(f"resuming {workdir} from step {start}", file=sys.stderr)
         if lead:  # after the restore: a refused resume leaves the workdir as it was
-            write_config(workdir, config)
-        return _loop(config, workdir, exp, trainer, checkpoints, state, start)
+            write_config(workdir, run)
+        return _loop(run, workdir, exp, trainer, checkpoints, state, start)
     finally:
         checkpoints.close()  # also after an error: orbax's threads must not outlive the run
 
@@ -276,26 +279,26 @@ def resume(checkpoints: Checkpoints, state, skip_damaged: bool):
     return step, state
 
 
-def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, start: int) -> int:
-    from ragen_jax.training.validation import EvalConfig, Validator
+def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: Checkpoints, state,
+          start: int) -> int:
+    from ragen_jax.training.validation import Validator
 
     lead = distributed.is_lead()
-    log = MetricsLog(workdir, config, start) if lead else None
+    settings = run.settings
+    log = MetricsLog(workdir, run, start) if lead else None
     history = log.history if lead else read_history(workdir / "metrics.jsonl", start)
-    stopper = EarlyStop(config, history)
+    stopper = EarlyStop(settings.early_stop, settings.diagnostics.stop_on_alarm, history)
     latest = latest_values(history)
     validator = None
-    if config.train.val_every:
-        e = config.eval
-        validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
-                              EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
-                                         temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
+    if settings.train.val_every:
+        validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, settings.eval,
+                              run.step.rollout, exp.mesh)
 
     preempted = []
     previous = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-    steps = config.train.steps
+    steps = settings.train.steps
     bar = None
-    if config.logging.progress and lead:
+    if settings.logging.progress and lead:
         from tqdm import tqdm
 
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
@@ -313,9 +316,9 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
             state, metrics = trainer.step(state)
             metrics = {k: float(v) for k, v in distributed.to_host(metrics).items()}
             metrics["time/step_seconds"] = time.perf_counter() - started
-            if validator is not None and (step % config.train.val_every == 0 or step == steps):
+            if validator is not None and (step % settings.train.val_every == 0 or step == steps):
                 metrics.update(validation_metrics(validator, state.policy, exp))
-            if lead and (step % config.train.log_every == 0 or step == steps):
+            if lead and (step % settings.train.log_every == 0 or step == steps):
                 log.write(step, metrics)
             latest = latest_values([metrics], latest)
             warning = collapse_warning(metrics)
@@ -328,7 +331,7 @@ def _loop(config, workdir: Path, exp, trainer, checkpoints: Checkpoints, state, 
             if distributed.any_process(bool(preempted)):  # a signal may reach only some processes
                 reason = "SIGTERM"
             checkpoints.poll()  # a save that failed in the background stops the run here
-            if step % config.train.save_every == 0 or step == steps or reason:
+            if step % settings.train.save_every == 0 or step == steps or reason:
                 checkpoints.save(state, force=True)
             if step == _KILL_AFTER_STEP:  # fault injection for the exact-resume test
                 checkpoints.settle()

@@ -62,7 +62,7 @@ def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments(scan_lay
     and scanned: its compiled arguments are the sharded train state plus the text tables,
     nothing replicated by mistake."""
     tiny = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_tiny.py")),
-                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": "",
+                                      {**SHORT, "algo.micro_batch_size": "0", "model.init": "None",
                                        "model.scan_layers": scan_layers})
     result = planner.plan(tiny, (2, 1, 1), compile_step=True, pieces=())
     state = sum(result.memory[k] for k in ("parameters", "optimiser", "critic", "critic optimiser"))

@@ -108,7 +108,8 @@ def test_early_stopping_counts_no_validation_of_the_initial_policy():
 
     config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), {
         "early_stop.val_patience": "1", "early_stop.val_success_below": "0.5"})
-    stopper = train.EarlyStop(config, [{"step": 0, "val/success": 0.0}])
+    settings = config_lib.build(config, 1).settings
+    stopper = loop.EarlyStop(settings.early_stop, settings.diagnostics.stop_on_alarm, [{"step": 0, "val/success": 0.0}])
     assert stopper.low_validations == 0
     assert stopper.update({"val/success": 0.0}) is not None
 
@@ -198,7 +199,7 @@ def test_commands_print_no_library_notices(full_run_output, tmp_path):
     (["--config", CONFIG, "--config.train.steps=-3"], "train.steps=-3 must be >= 1"),
     (["--config", CONFIG, "--config.rollout.action_top_k=-1"], "rollout.action_top_k=-1 must be >= 0"),
     (["--config", CONFIG, "--config.rollout.action_temperature=-0.5"],
-     "rollout.action_temperature=-0.5 must be >= 0 (0: greedy actions) or -1 (the rollout temperature)"),
+     "rollout.action_temperature=-0.5 must be >= 0 (0: greedy actions) or None (the rollout temperature)"),
     (["--config", CONFIG, "--config.algo.name=grpo", "--config.rollout.group_size=1",
       "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),
     (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
@@ -286,7 +287,24 @@ def test_a_config_saved_before_new_keys_existed_still_resumes():
         saved["env"].pop(key)  # as written before MathQA and the slip key existed
     assert config_lib.differences(saved, new) == []
     new["env"]["data_path"] = "qa.jsonl"
-    assert config_lib.differences(saved, new) == ["env.data_path: '' -> 'qa.jsonl'"]
+    assert config_lib.differences(saved, new) == ["env.data_path: None -> 'qa.jsonl'"]
+
+
+def test_a_config_saved_with_placeholders_for_unset_keys_still_resumes():
+    """Configs saved when unset keys had placeholder values ("", 0, -1) read as None: the same
+    config, and the same run."""
+    from ragen_jax.run import config as config_lib
+
+    new = config_lib.default_config().to_dict()
+    saved = config_lib.default_config().to_dict()
+    saved["env"].update(max_steps=0, success_rate=-1.0, data_path="", data_dir="")
+    saved["model"].update(path="", init="")
+    saved["rollout"].update(action_temperature=-1.0, action_top_k=0)
+    saved["algo"].update(advantage="", aggregation="", dual_clip=0.0)
+    assert config_lib.differences(saved, new) == []
+    assert config_lib.build(config_lib.read_saved(saved), 1) == config_lib.build(new, 1)
+    saved["algo"]["dual_clip"] = 2.0
+    assert config_lib.differences(saved, new) == ["algo.dual_clip: 2.0 -> None"]
 
 
 def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
@@ -327,7 +345,7 @@ def test_action_temperature_reaches_the_rollout_and_not_validation():
     def answer(overrides):
         return config_lib.build(config_lib.apply_overrides(config, overrides), 1).step.rollout
 
-    assert answer({}).action_sampling is None  # -1: the rollout temperature for every token
+    assert answer({}).action_sampling is None  # None: the rollout temperature for every token
     assert answer({"rollout.action_temperature": "0.5"}).action_sampling is None  # the same as rollout.temperature
     hot = answer({"rollout.action_temperature": "1.5", "rollout.top_k": "8"})
     assert (hot.action_sampling.temperature, hot.action_sampling.top_k) == (1.5, 8)
@@ -349,7 +367,7 @@ def test_frozenlake_slip_reaches_the_env():
 
     assert slip({}) == pytest.approx(0.8)  # the config's
     assert slip({"env.success_rate": "0.5"}) == pytest.approx(0.5)
-    assert slip({"env.success_rate": "-1"}) == registry.make("FrozenLake")[1].success_rate  # the preset's 1/3
+    assert slip({"env.success_rate": "None"}) == registry.make("FrozenLake")[1].success_rate  # the preset's 1/3
 
 
 def test_the_extras_the_readme_installs_exist():

@@ -30,7 +30,7 @@ STEPS = 3
 # changes nothing that 8 tokens can show, and a run from the warm start compiles its step twice
 # (step 2 as slow as step 1, about 30 s here).
 TINY_RUN = {"rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 8,
-            "model.init": "", "algo.mini_batch_size": 4, "filter.strategy": "none", "diagnostics.num_samples": 4,
+            "model.init": None, "algo.mini_batch_size": 4, "filter.strategy": "none", "diagnostics.num_samples": 4,
             "diagnostics.per_turn_samples": 2, "diagnostics.answer_tokens": 4, "diagnostics.compute_freq": 1,
             "train.val_every": 0, "eval.num_envs": 2, "mesh.data": 1, "logging.progress": False}
 SECONDS = {}  # notebook -> execution time, reported at the end of the module

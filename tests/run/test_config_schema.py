@@ -1,0 +1,50 @@
+"""The ConfigDict generated from the settings dataclasses: its defaults, typed overrides and
+unset (None) keys."""
+
+import pytest
+
+from ragen_jax.rl.algorithms import AlgoConfig
+from ragen_jax.run import config as config_lib
+from ragen_jax.run.errors import ConfigError
+from ragen_jax.run.schema import Settings
+
+
+def build(overrides):
+    return config_lib.build(config_lib.apply_overrides(config_lib.default_config(), overrides), 1)
+
+
+def test_the_defaults_are_the_dataclasses():
+    run = build({})
+    assert run.settings == Settings()
+    assert run.step.algo == AlgoConfig.preset("ppo") and run.step.rollout == Settings().rollout.rollout_config()
+    assert run.values == config_lib.default_config().to_dict()
+
+
+def test_an_optional_key_is_unset_with_none_and_set_by_its_type():
+    run = build({"env.max_steps": "50", "algo.dual_clip": "3", "model.init": "builtin:sokoban-tiny"})
+    assert (run.env_overrides, run.step.algo.dual_clip, run.settings.model.init) == ({"max_steps": 50}, 3.0,
+                                                                                     "builtin:sokoban-tiny")
+    config = config_lib.apply_overrides(config_lib.default_config(), {"env.max_steps": "50"})
+    run = config_lib.build(config_lib.apply_overrides(config, {"env.max_steps": "None"}), 1)
+    assert run.env_overrides == {} and run.values["env"]["max_steps"] is None
+
+
+def test_an_unset_algorithm_choice_is_the_algorithms():
+    algo = build({"algo.name": "grpo"}).step.algo
+    assert (algo.advantage, algo.aggregation) == ("grpo", "seq-mean-token-mean")
+    assert build({"algo.name": "grpo", "algo.aggregation": "token-mean"}).step.algo.aggregation == "token-mean"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ({"rollout.group_size": "None"}, "--config.rollout.group_size='None': expected an integer"),
+    ({"env.max_steps": "many"}, "--config.env.max_steps='many': expected an integer or None (unset)"),
+    ({"algo.dual_clip": "0.5"}, "algo.dual_clip=0.5 must be > 1 (or None)"),
+    ({"mesh.data": "0"}, "mesh.data=0 must be >= 1, or -1 (all devices the other axes leave)"),
+    ({"early_stop.val_patience": "-1"}, "early_stop.empty_batches=5, reward_std_collapse=5 and val_patience=-1"),
+    ({"eval.num_envs": "0"}, "eval.num_envs=0 must be an integer >= 1"),
+    ({"model.preset": "None"}, "model.path is required"),
+])
+def test_a_bad_value_is_one_line_naming_the_key(overrides, line):
+    with pytest.raises(ConfigError) as err:
+        build(overrides)
+    assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)

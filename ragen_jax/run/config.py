@@ -32,8 +32,8 @@ from ragen_jax.training.step import StepConfig
 
 # Keys that may change between a run and its resumption (they do not change the numbers).
 RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
-                  "train.skip_damaged", "logging.tensorboard", "logging.wandb", "logging.wandb_project",
-                  "logging.progress")
+                  "train.validate_at_start", "train.skip_damaged", "logging.tensorboard", "logging.wandb",
+                  "logging.wandb_project", "logging.progress")
 NONE_WORDS = ("None", "none", "null")  # how the command line unsets an optional key
 
 

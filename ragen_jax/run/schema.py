@@ -222,6 +222,7 @@ class TrainSection:
     save_every: int = 20
     keep_checkpoints: int = 3
     val_every: int = 10  # 0: no validation
+    validate_at_start: bool = True  # with validation on, a fresh run first validates the initial policy (step 0)
     resume: bool = True
     skip_damaged: bool = True  # resume from the newest checkpoint that restores (false: stop at a damaged one)
 

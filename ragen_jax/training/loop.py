@@ -15,7 +15,8 @@ written before intact.
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
 prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
 `ragen_jax.analysis.reasoning_check`; metrics not computed at a step are absent; with validation on
-(train.val_every > 0) a fresh run first validates the initial policy, logged as step 0),
+(train.val_every > 0) a fresh run first validates the initial policy, logged as step 0, unless
+train.validate_at_start is false),
 TensorBoard event files in DIR, and orbax checkpoints in DIR/checkpoints.
 
 The progress bar shows this step's training rollouts (`train_succ`, `return`), the filter's
@@ -304,7 +305,7 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
     reason, step = None, start
     try:
-        if validator is not None and start == 0:  # the initial policy (a resumed run has logged it)
+        if validator is not None and start == 0 and settings.train.validate_at_start:  # the initial policy
             initial = validation_metrics(validator, state.policy, exp)
             if lead:
                 log.write(0, initial)

@@ -114,6 +114,13 @@ def test_early_stopping_counts_no_validation_of_the_initial_policy():
     assert stopper.update({"val/success": 0.0}) is not None
 
 
+def test_validate_at_start_false_skips_the_initial_validation(tmp_path):
+    work = tmp_path / "w"
+    assert train.main(["--config", CONFIG, "--workdir", str(work), *SMALL, "--config.train.steps=1",
+                       "--config.train.val_every=1", "--config.train.validate_at_start=false"]) == 0
+    assert [r["step"] for r in records(work)] == [1] and "val/success" in records(work)[0]
+
+
 def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     assert evaluate.main(["--workdir", str(full_run), "--episodes", "2", "--samples", "2"]) == 0
     out = capsys.readouterr().out

@@ -169,7 +169,7 @@ def initial_validation(config) -> dict[str, float]:
                           EvalConfig(num_envs=e.num_envs, samples_per_env=e.samples_per_env,
                                      temperature=e.temperature, seed=e.seed), exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
-    metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt))
+    metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer))
     return metrics
 
 

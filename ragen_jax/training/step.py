@@ -35,7 +35,8 @@ from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import Batch, batch_from_trajectories, critic_values, policy_logprobs
-from ragen_jax.rollout.play import RolloutConfig, Trajectories, model_policy, rollout, rollout_on_mesh
+from ragen_jax.rollout.play import RolloutConfig, Trajectories, rollout, rollout_on_mesh
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.run import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -224,7 +225,7 @@ class Trainer:
         from ragen_jax.diagnostics import grad_analysis
 
         cfg, algo, rcfg = self.config, self.config.algo, self.config.rollout
-        batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+        batch = batch_from_trajectories(traj)
         batch = self._advantages(state, batch, traj.episode_reward, jnp.int32(rcfg.batch))
         rewards = traj.episode_reward.reshape(rcfg.num_groups, rcfg.group_size)
         buckets = grad_analysis.reward_std_buckets(rewards, cfg.grad_buckets)
@@ -241,7 +242,7 @@ class Trainer:
         state (step + 1) and the update's metrics. Also callable on a fixed batch."""
         cfg, algo, rcfg = self.config, self.config.algo, self.config.rollout
         groups, members = rcfg.num_groups, rcfg.group_size
-        batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+        batch = batch_from_trajectories(traj)
 
         # SNR-aware filter: whole groups kept or dropped
         token_entropy = token_mask = None

@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from ragen_jax.analysis import planner
+    from ragen_jax.rollout.layout import buffer_layout
     from ragen_jax.run import config as config_lib
     from ragen_jax.run.experiment import make_experiment
 
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         parser.error(str(err).splitlines()[0])
     device = jax.devices()[0]
     trainer = exp.trainer()
-    layout = planner.buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
+    layout = buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
     flops = planner.analytic_flops(exp.model.cfg, exp.run.step, layout)
     diagnostics_flops = planner.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)
     row = {"backend": jax.default_backend(), "device": device.device_kind, "model": exp.model.cfg.num_params()}

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     eval_config = EvalConfig(num_envs=args.episodes, samples_per_env=1, temperature=e.temperature, seed=e.seed)
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
                              exp.run.step.rollout, exp.mesh)
-    text = render_trajectories(traj, exp.tokenizer, rows=list(range(args.episodes)), prompt=exp.prompt)
+    text = render_trajectories(traj, exp.tokenizer, rows=list(range(args.episodes)))
     scores = reading_scores(text)
     print(f"{what}: {args.episodes} validation levels at temperature {e.temperature}, {scores['turns']} turns")
     print(f"  success                               {metrics['success']:.3f}")

@@ -22,7 +22,8 @@ import sys
 import jax
 import numpy as np
 
-from ragen_jax.rollout.play import model_policy, rollout
+from ragen_jax.rollout.play import rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.run.checkpoint import CheckpointError
 from ragen_jax.run.errors import ConfigError
 from ragen_jax.run.experiment import load_initial_weights, make_experiment

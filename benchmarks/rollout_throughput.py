@@ -22,7 +22,9 @@ import numpy as np
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, sampling
 from ragen_jax.models.qwen2 import Qwen2Config, init_cache, init_model
-from ragen_jax.rollout.play import RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.rollout.layout import buffer_layout
+from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec, stop_fn
 from ragen_jax.text.prompt import PromptTemplate
@@ -33,11 +35,9 @@ def host_loop(key, model, env, params, tok, codec, prompt, config):
     batch, gen_len = config.batch, config.max_new_tokens
     states = initial_states(jax.random.split(key)[0], env, params, config)
     states = [jax.tree.map(lambda a, b=b: a[b], states) for b in range(batch)]
-    grid = np.asarray(env.symbol_grid(states[0], params))
-    obs_len = prompt.observation_capacity(codec, *grid.shape)
+    layout = buffer_layout(env, params, codec, prompt, config)
     system = np.asarray(prompt.system_ids)
-    length = len(system) + config.max_turns * (obs_len + gen_len)
-    cache = init_cache(model.cfg, batch, length)
+    cache = init_cache(model.cfg, batch, layout.length)
     cache, logits = sampling.prefill_jit(model, cache, jnp.broadcast_to(system, (batch, len(system))),
                                          jnp.ones((batch, len(system)), bool), 0)
     stop = stop_fn(codec)
@@ -48,9 +48,8 @@ def host_loop(key, model, env, params, tok, codec, prompt, config):
     last_reward, warning, closed = [None] * batch, [False] * batch, [False] * batch
     steps = tokens_generated = 0
     for t in range(config.max_turns):
-        offset = len(system) + t * (obs_len + gen_len)
-        ids = np.zeros((batch, obs_len), np.int32)
-        mask = np.zeros((batch, obs_len), bool)
+        ids = np.zeros((batch, layout.observation), np.int32)
+        mask = np.zeros((batch, layout.observation), bool)
         for b in range(batch):
             if done[b]:
                 continue
@@ -58,11 +57,12 @@ def host_loop(key, model, env, params, tok, codec, prompt, config):
                                            config.max_actions_per_traj - taken[b], last_reward[b], warning[b], closed[b])
             row = tok.encode(text, add_special_tokens=False)
             ids[b, : len(row)], mask[b, : len(row)] = row, True
-        cache, logits = sampling.prefill_jit(model, cache, jnp.asarray(ids), jnp.asarray(mask), offset, logits)
+        cache, logits = sampling.prefill_jit(model, cache, jnp.asarray(ids), jnp.asarray(mask),
+                                             layout.observation_offset(t), logits)
         key, sub = jax.random.split(key)
-        cache, out = sampling.decode_jit(model, cache, logits, offset + obs_len, sub, num_steps=gen_len,
+        cache, out = sampling.decode_jit(model, cache, logits, layout.generation_offset(t), sub, num_steps=gen_len,
                                          params=config.sampling, eos_ids=eos, stop_fn=stop, done=jnp.asarray(done),
-                                         key_limit=offset + obs_len + gen_len)
+                                         key_limit=layout.generation_offset(t) + gen_len)
         logits = out.logits
         generated, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         tokens_generated += int(lengths.sum())

@@ -44,8 +44,7 @@ def main(argv=None) -> int:
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=args.episodes, group_size=1)
     data = sft.demonstrations(jax.random.key(0), exp.env, sft.deterministic(exp.env, exp.env_params), exp.codec,
                               exp.prompt, exp.tokenizer, rollout_config)
-    gen_len = rollout_config.max_new_tokens
-    batch = batch_from_trajectories(data, gen_len)
+    batch = batch_from_trajectories(data)
     widths = [compact(jax.tree.map(lambda a: a[i:i + 32], batch)).tokens.shape[1]
               for i in range(0, args.episodes, 32)]
     print(f"{args.env}, {rollout_config.max_turns} turns: buffer {batch.tokens.shape[1]} slots, "
@@ -55,7 +54,7 @@ def main(argv=None) -> int:
         def run(epochs):
             model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
             started = time.perf_counter()
-            sft.fit(model, data, sft.SFTConfig(epochs=epochs, compact=squeeze), gen_len, log=lambda _: None)
+            sft.fit(model, data, sft.SFTConfig(epochs=epochs, compact=squeeze), log=lambda _: None)
             return time.perf_counter() - started
         first, steady = run(1), run(2)  # fit compiles afresh each call: the extra epoch is the steady part
         seconds[name] = (steady - first) / (args.episodes // 32)

@@ -33,7 +33,8 @@ from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
-from ragen_jax.rollout.play import RolloutConfig, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.training.step import StepConfig, Trainer

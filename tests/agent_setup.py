@@ -1,5 +1,5 @@
 """Pieces many test files build the same way: an env with its text tables, the tiny model,
-and the scripted policy (`rollout.ScriptedPolicy`, a stand-in for a model)."""
+and the scripted policy (`rollout.policies.ScriptedPolicy`, a stand-in for a model)."""
 
 import jax
 import numpy as np
@@ -7,7 +7,7 @@ import numpy as np
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
 from ragen_jax.models.qwen2 import Qwen2Config, init_model
-from ragen_jax.rollout.play import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
+from ragen_jax.rollout.policies import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 

@@ -36,6 +36,7 @@ import re
 import sys
 import time
 
+from ragen_jax.rollout.layout import BufferLayout, buffer_layout
 from ragen_jax.run.host_devices import with_device_count
 
 
@@ -76,40 +77,7 @@ def forward_flops(cfg, tokens: int, context: int, projected: int) -> float:
     return tokens * (2 * matmul_params(cfg) + attention) + projected * 2 * cfg.hidden_size * cfg.vocab_size
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """The rollout buffer's static layout (the same arithmetic as `rollout.rollout`)."""
-
-    system: int
-    observation: int
-    generation: int
-    turns: int
-
-    @property
-    def turn(self) -> int:
-        return self.observation + self.generation
-
-    @property
-    def length(self) -> int:
-        return self.system + self.turns * self.turn
-
-    def observation_offset(self, t: int) -> int:
-        return self.system + t * self.turn
-
-    def generation_offset(self, t: int) -> int:
-        return self.observation_offset(t) + self.observation
-
-
-def buffer_layout(env, env_params, codec, prompt, rollout_config) -> Layout:
-    """The rollout buffer's layout for an env, its text tables and a rollout config."""
-    import jax
-
-    rows, cols = env.symbol_grid(env.reset(jax.random.key(0), env_params), env_params).shape
-    return Layout(system=int(prompt.system_ids.shape[0]), observation=prompt.observation_capacity(codec, rows, cols),
-                  generation=rollout_config.max_new_tokens, turns=rollout_config.max_turns)
-
-
-def analytic_flops(cfg, step_config, layout: Layout) -> dict[str, float]:
+def analytic_flops(cfg, step_config, layout: BufferLayout) -> dict[str, float]:
     """Whole-batch FLOPs of one train step, by phase, every group kept (the filter can only
     lower the update's share) and every decode running its full `max_new_tokens` (an early
     stop of all rows ends a turn sooner)."""
@@ -140,7 +108,7 @@ def analytic_flops(cfg, step_config, layout: Layout) -> dict[str, float]:
     return out
 
 
-def diagnostics_flops(cfg, d, r, layout: Layout) -> float:
+def diagnostics_flops(cfg, d, r, layout: BufferLayout) -> float:
     """One diagnostics run (every `compute_freq` steps): the prefill of the batch's buffers
     and the cross-scoring of every pair set (each continuation of W = max_new_tokens + 1 slots
     re-run under each of its columns, over the prompt cache plus itself). Approximate: the
@@ -190,7 +158,7 @@ def activation_bytes(cfg, rows: int, length: int, projected: int, remat: bool, s
     return kept + head
 
 
-def cross_scoring_bytes(cfg, d, r, layout: "Layout") -> float:
+def cross_scoring_bytes(cfg, d, r, layout: BufferLayout) -> float:
     """Analytic working set of the diagnostics' largest pair set on one device, beyond the
     prefilled cache: each column step gathers its rows' prompt caches (`score_rows` rows at a
     time, else all M, × prompt + continuation slots), runs the continuation (attention scores
@@ -227,7 +195,7 @@ class Plan:
     param_dtype: str
     remat: bool
     micro_batch: int
-    layout: Layout
+    layout: BufferLayout
     memory: dict  # name -> bytes per device
     analytic: dict  # name -> bytes per device (what the formulas predict)
     step: dict | None  # the compiled step's memory_analysis (bytes per device) and compile seconds
@@ -459,7 +427,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
                 xla_flops=xla_flops, seconds=seconds)
 
 
-def _pieces(cfg, mesh, policy, layout: Layout, micro: int, batch: int, seconds: dict, which) -> dict:
+def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, seconds: dict, which) -> dict:
     """Compile the pieces the step repeats: the policy's forward+backward on one micro-batch
     (with and without rematerialisation) and one decode step of the rollout at the last turn.
     Returns their per-device temporaries and their FLOPs (XLA and analytic, whole mesh).

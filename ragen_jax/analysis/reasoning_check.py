@@ -92,14 +92,14 @@ def reading_scores(text: str) -> dict[str, float]:
     return scores
 
 
-def validation_metrics(traj, tokenizer, prompt) -> dict[str, float]:
+def validation_metrics(traj, tokenizer) -> dict[str, float]:
     """Every share of `reading_scores`, as `reasoning/<name>`, over every turn of host-side `traj`
     (e.g. `distributed.to_host` of a validation's), or {} when no turn states the player's cell
     (the template is not in use)."""
     from ragen_jax.training.validation import render_trajectories
 
     rows = list(range(traj.tokens.shape[0]))
-    scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows, prompt=prompt))
+    scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows))
     if scores["player_stated"] == 0:
         return {}
     return {f"reasoning/{k}": float(share) for k, share in scores.items() if k != "turns"}

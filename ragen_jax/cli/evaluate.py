@@ -69,12 +69,12 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
     metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
                     or k_ == "mi/reasoning_length_mean"})
     traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
-    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer, exp.prompt))  # templated reasoning only
+    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer))  # templated reasoning only
     result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
     if not distributed.is_lead():
         return result, ""
-    return result, render_trajectories(traj, exp.tokenizer, count=show, prompt=exp.prompt, group_size=k)
+    return result, render_trajectories(traj, exp.tokenizer, count=show, group_size=k)
 
 
 def write_results(workdir: Path, result: dict, trajectories: str) -> None:

@@ -2,9 +2,9 @@
 
 `cross_score` prefills one prompt array per pair set. Inside the train step the prompts are
 all prefixes of the rollout buffers: turn t's prompt of trajectory b is row b before
-`turn_offsets[t]`, and a causal model's keys/values of a prefix do not depend on what comes
-after it. So `prefill_buffers` runs the model once over the batch's buffers, and every
-prompt of every set (first turn, trajectory, each turn index, and the [x, z] prefixes of
+`traj.layout.generation_offset(t)`, and a causal model's keys/values of a prefix do not depend
+on what comes after it. So `prefill_buffers` runs the model once over the batch's buffers, and
+every prompt of every set (first turn, trajectory, each turn index, and the [x, z] prefixes of
 action grounding) is a (cache row, end slot) pair read from that one cache: its slots are the
 row's valid slots before `end`.
 

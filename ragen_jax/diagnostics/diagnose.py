@@ -102,8 +102,8 @@ def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8, mesh=None):
     """(cache, tokens): the batch's buffers prefilled over every slot a prompt of any pair set
     may use — up to the last turn's generation offset, and the whole first turn (the [x, z]
     prompts of action grounding)."""
-    offsets = traj.turn_offsets
-    width = max(offsets[-1], offsets[0] + pairs_lib.generation_width(traj))
+    offsets = traj.layout.generation_offsets
+    width = max(offsets[-1], offsets[0] + traj.layout.generation)
     tokens = traj.tokens[:, :width]
     return buffer_scoring.prefill_buffers(model, tokens, traj.mask[:, :width], prefill_rows, mesh), tokens
 
@@ -111,7 +111,7 @@ def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8, mesh=None):
 def _score(model, cache, tokens, traj, pairs, cont, cont_mask, own: bool = False, scoring=Scoring()):
     """Cross product: every row of `pairs` under every column's prompt."""
     m, n = pairs.rows.shape[0], pairs.column_rows.shape[0]
-    ends = jnp.asarray(traj.turn_offsets, jnp.int32)[pairs.column_turns]
+    ends = jnp.asarray(traj.layout.generation_offsets, jnp.int32)[pairs.column_turns]
     columns = jnp.broadcast_to(pairs.column_rows[None, :], (m, n))
     return buffer_scoring.score_continuations(
         model, cache, tokens, pairs.prompt_width, columns, jnp.broadcast_to(ends[None, :], (m, n)), cont, cont_mask,
@@ -149,7 +149,7 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     """R [B, K], R_sum, valid [B], equivalent [G, K, K]: answer of trajectory i = g·K + r under
     (its group's first-turn prompt, the first-turn reasoning of member c) for c < K."""
     batch = traj.tokens.shape[0]
-    offset = traj.turn_offsets[0]
+    offset = traj.layout.generation_offset(0)
     everyone = jnp.arange(batch, dtype=jnp.int32)
     rows = pairs_lib.PairSet(rows=everyone, turns=jnp.zeros(batch, jnp.int32), drawn=traj.turn_active[:, 0],
                              valid=traj.turn_active[:, 0], true_column=everyone % group_size,
@@ -158,7 +158,7 @@ def action_reasoning_scores(model, cache, tokens, traj, group_size: int, answer_
     z_len = traj.reasoning_lengths[:, 0]
     columns = (everyone // group_size * group_size)[:, None] + jnp.arange(group_size, dtype=jnp.int32)[None, :]
     ends = offset + z_len[columns]  # the prompt [x, z_c] ends right after z_c
-    width = offset + pairs_lib.generation_width(traj)
+    width = offset + traj.layout.generation
     logp, _ = buffer_scoring.score_continuations(model, cache, tokens, width, columns, ends, s.answer,
                                                  s.answer_only_mask, scoring=scoring)
     scores, scores_sum = buffer_scoring.mean_and_sum(logp, s.answer_only_mask)
@@ -186,7 +186,7 @@ def _action_reasoning(model, cache, tokens, traj, group_size, answer_tokens, sco
 
 def _per_turn(model, cache, tokens, traj, key, config, scoring):
     """A few metrics of I(X_t; Z_t) for each turn index t (one compiled body, `lax.map`)."""
-    turns = len(traj.turn_offsets)
+    turns = traj.layout.turns
 
     def one(args):
         turn, turn_key = args
@@ -237,7 +237,7 @@ def diagnose(
 
     if config.per_turn:
         per_turn = _per_turn(model, cache, tokens, traj, k_turn, config, scoring)
-        for t in range(len(traj.turn_offsets)):
+        for t in range(traj.layout.turns):
             metrics.update({f"mi/turn{t}/{k}": v[t] for k, v in per_turn.items()})
 
     if config.action_grounding:

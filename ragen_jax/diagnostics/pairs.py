@@ -1,10 +1,10 @@
 """The (x, z) pair sets of docs/method.md#pairs, located in a rollout's token buffer.
 
 A rollout row is one fixed buffer `[system | turn 1 obs | turn 1 gen | turn 2 obs | ...]`
-(`Trajectories`); turn t's generation starts at the static slot `turn_offsets[t]`. For a
-(trajectory b, turn t):
+(`Trajectories`, laid out by `traj.layout`); turn t's generation starts at the static slot
+`layout.generation_offset(t)`. For a (trajectory b, turn t):
 
-- x = the valid slots of row b before `turn_offsets[t]` (the observation chunk ends with the
+- x = the valid slots of row b before `generation_offset(t)` (the observation chunk ends with the
   `<think>` prefix). Prompts keep the buffer layout, holes included: the cross-scorers skip
   holes and count RoPE positions over valid slots only.
 - z = the first `reasoning_lengths[b, t]` generated tokens (everything before `</think>`).
@@ -48,7 +48,7 @@ class PairSet:
     valid: jax.Array  # bool[M] drawn, and the reasoning is not empty (mi_metrics' `valid`)
     true_column: jax.Array  # int32[M] the column each sample was drawn from
     column_rows: jax.Array  # int32[N] trajectory whose buffer holds column j's prompt
-    column_turns: jax.Array  # int32[N] the prompt is that buffer before turn_offsets[turn]
+    column_turns: jax.Array  # int32[N] the prompt is that buffer before generation_offset(turn)
     prompt_width: int = struct.field(pytree_node=False, default=0)  # P: slots any prompt may use
 
 
@@ -63,13 +63,8 @@ class Samples:
     answer_only_mask: jax.Array  # bool[M, A]
 
 
-def generation_width(traj) -> int:
-    """Generated slots per turn (max_new_tokens): the last turn's generation ends the buffer."""
-    return traj.tokens.shape[1] - traj.turn_offsets[-1]
-
-
 def _offsets(traj) -> jax.Array:
-    return jnp.asarray(traj.turn_offsets, jnp.int32)
+    return jnp.asarray(traj.layout.generation_offsets, jnp.int32)
 
 
 def _random_subset(key: jax.Array, candidates: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
@@ -107,7 +102,7 @@ def first_turn_pairs(traj, key: jax.Array, num_samples: int, group_size: int) ->
         true_column=rows // group_size,
         column_rows=jnp.arange(num_groups, dtype=jnp.int32) * group_size,
         column_turns=zeros_n,
-        prompt_width=traj.turn_offsets[0],
+        prompt_width=traj.layout.generation_offset(0),
     )
 
 
@@ -138,7 +133,7 @@ def _own_columns(traj, rows: jax.Array, turns: jax.Array, drawn: jax.Array) -> P
     """Samples (rows[i], turns[i]) each with its own prompt as column i."""
     return PairSet(rows=rows, turns=turns, drawn=drawn, valid=drawn & (traj.reasoning_lengths[rows, turns] > 0),
                    true_column=jnp.arange(rows.shape[0], dtype=jnp.int32), column_rows=rows, column_turns=turns,
-                   prompt_width=traj.turn_offsets[-1])
+                   prompt_width=traj.layout.generation_offset(traj.layout.turns - 1))
 
 
 def prompts(traj, pairs: PairSet) -> tuple[jax.Array, jax.Array]:
@@ -153,7 +148,7 @@ def prompts(traj, pairs: PairSet) -> tuple[jax.Array, jax.Array]:
 
 def samples(traj, pairs: PairSet, answer_tokens: int) -> Samples:
     """The generation of each row's turn: z (reasoning) and a (answer, at most `answer_tokens`)."""
-    width = generation_width(traj)
+    width = traj.layout.generation
     starts = _offsets(traj)[pairs.turns]  # [M]
     slots = starts[:, None] + jnp.arange(width)[None, :]
     tokens = jnp.take_along_axis(traj.tokens[pairs.rows], slots, axis=1)

@@ -12,9 +12,11 @@ Conventions shared by all environments:
 - `symbol_grid(state, params)` gives the int32 grid of symbol ids that both the host-side
   `render_text` and the in-graph text codec render from `symbols`.
 
-Two kinds of answer (`answer_kind`). "actions" (Sokoban, FrozenLake): the rollout parses the
-answer into action ids and calls `step` once per action. "text" (Countdown, QA): the env
-reads the answer itself; the rollout calls `step_text` with the bytes of the `<answer>` group.
+Two kinds of answer (`answer_kind`); the rollout hands every answer to the env through one
+hook, `read_answer` (per row) then `play_answers` (batched). "actions" (Sokoban, FrozenLake):
+the answer is parsed into action ids and `step` runs once per action. "text" (Countdown, QA,
+`TextAnswerEnvironment`): the env reads the answer itself, `step_text` with the bytes of the
+`<answer>` group.
 The state is shown to the policy as token ids from `state_tokens`: for the board games the
 codec's board pieces; an env with other text overrides it and builds the token tables it
 needs on the host once (`text_tables(tokenizer)`, kept in `TextCodec.env_tables`).
@@ -22,12 +24,25 @@ needs on the host once (`text_tables(tokenizer)`, kept in `TextCodec.env_tables`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.text.codec import answer_text, parse_answer
+
 Info = dict[str, jax.Array]
+
+
+class AnswerSteps(NamedTuple):
+    """What a batch of answers did to a batch of episodes (`Environment.play_answers`)."""
+
+    states: Any
+    reward: jax.Array  # f32[B] env rewards of the steps taken
+    taken: jax.Array  # int32[B] actions taken in each episode so far
+    valid: jax.Array  # bool[B] the answer was well formed (False: the rollout's format penalty)
+    actions: jax.Array  # int32[B, max_actions_per_turn] the parsed actions (0: none; text answers: all 0)
 
 
 class Environment:
@@ -37,7 +52,7 @@ class Environment:
     action_names: tuple[str, ...] = ()  # action k (1-based) is action_names[k - 1]
     symbols: tuple[str, ...] = ()  # symbol id -> the text drawn for that cell
     render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this env offers
-    answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": see step_text
+    answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": TextAnswerEnvironment
     max_answer_bytes: int = 0  # "text" envs: the longest answer group `step_text` reads
 
     def default_params(self) -> Any:
@@ -59,6 +74,29 @@ class Environment:
         up to `length`) and the env's `text_tables`. `info["action_is_valid"]` False means a
         malformed answer: the rollout applies the format penalty and keeps the old state."""
         raise NotImplementedError
+
+    def read_answer(self, codec, text: jax.Array, length: jax.Array):
+        """One generation's answer, from its bytes (uint8[n], valid up to `length`), in the form
+        `play_answers` takes: (actions int32[M], count, format_ok) by the codec's answer parser."""
+        return parse_answer(codec, text, length)
+
+    def play_answers(self, answers, states: Any, active: jax.Array, taken: jax.Array,
+                     step_keys: Callable[[int, jax.Array], jax.Array], params: Any, codec,
+                     max_actions_per_turn: int, max_actions: int) -> AnswerSteps:
+        """Step a batch of episodes with their answers (`read_answer`'s, batched): each parsed
+        action in order while the row is `active`, its answer well formed, its episode running
+        and fewer than `max_actions` actions taken. `step_keys(k, taken)`: the env keys [B] of
+        every row's k-th action this turn, the `taken`-th of its episode."""
+        actions, num_parsed, format_ok = answers
+        step = jax.vmap(self.step, in_axes=(0, 0, 0, None))
+        reward = jnp.zeros(taken.shape[0], jnp.float32)
+        for k in range(max_actions_per_turn):
+            go = active & format_ok & (k < num_parsed) & ~states.done & (taken < max_actions)
+            stepped, r, _, _ = step(step_keys(k, taken), states, actions[:, k], params)
+            states = keep_where(go, stepped, states)
+            reward = reward + jnp.where(go, r, 0.0)
+            taken = taken + go
+        return AnswerSteps(states, reward, taken, format_ok, actions)
 
     def symbol_grid(self, state: Any, params: Any) -> jax.Array:
         raise NotImplementedError
@@ -110,6 +148,35 @@ class Environment:
     def coordinate_lines(self, state: Any, params: Any) -> list[str]:
         """The `grid_coord` header lines (environments that offer that format define them)."""
         raise NotImplementedError
+
+
+class TextAnswerEnvironment(Environment):
+    """An environment that reads its answer as text (Countdown, QA): one `step_text` per answer,
+    with the bytes of the `<answer>` group; a readable answer counts as one action."""
+
+    answer_kind = "text"
+
+    def read_answer(self, codec, text: jax.Array, length: jax.Array):
+        """(answer bytes uint8[max_answer_bytes], length, matched): the `<answer>` group's text."""
+        return answer_text(text, length, self.max_answer_bytes)
+
+    def play_answers(self, answers, states, active, taken, step_keys, params, codec, max_actions_per_turn,
+                     max_actions) -> AnswerSteps:
+        """One `step_text` per row; the answer is valid when it matched the answer format and
+        the env could read it (`info["action_is_valid"]`)."""
+        answer, answer_len, matched = answers
+        step_text = jax.vmap(self.step_text, in_axes=(0, 0, 0, 0, None, None))
+        stepped, r, _, info = step_text(step_keys(0, taken), states, answer, answer_len, params, codec.env_tables)
+        valid = matched & info["action_is_valid"]
+        go = active & valid & ~states.done & (taken < max_actions)
+        states = keep_where(go, stepped, states)
+        actions = jnp.zeros((taken.shape[0], max_actions_per_turn), jnp.int32)
+        return AnswerSteps(states, jnp.where(go, r, 0.0), taken + go, valid, actions)
+
+
+def keep_where(rows: jax.Array, new: Any, old: Any) -> Any:
+    """`new` in the rows where `rows` (bool[B]) is set, `old` elsewhere, leaf by leaf."""
+    return jax.tree.map(lambda n, o: jnp.where(rows.reshape(rows.shape + (1,) * (n.ndim - 1)), n, o), new, old)
 
 
 def format_cells(mask) -> str:

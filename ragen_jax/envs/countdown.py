@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.envs.base import Environment, Info
+from ragen_jax.envs.base import Info, TextAnswerEnvironment
 from ragen_jax.text.codec import pack
 
 MAX_ANSWER_BYTES = 64
@@ -239,9 +239,8 @@ def _digits(value, width: int):
     return (value // powers) % 10, jnp.arange(width) >= width - shown
 
 
-class Countdown(Environment):
+class Countdown(TextAnswerEnvironment):
     name = "Countdown"
-    answer_kind = "text"
     max_answer_bytes = MAX_ANSWER_BYTES
     render_formats = ("text",)
 

@@ -28,7 +28,7 @@ import numpy as np
 from flax import struct
 
 from ragen_jax.envs import qa_data
-from ragen_jax.envs.base import Environment, Info
+from ragen_jax.envs.base import Info, TextAnswerEnvironment
 from ragen_jax.text.codec import _whitespace, pack
 
 MAX_ANSWER_BYTES = 64
@@ -126,10 +126,9 @@ def answers_match(answer: jax.Array, length, reference: jax.Array, reference_len
 # ----------------------------------------------------------------------------- the environment
 
 
-class QA(Environment):
+class QA(TextAnswerEnvironment):
     """One dataset's QA task; `make_qa` builds it from the data settings."""
 
-    answer_kind = "text"
     max_answer_bytes = MAX_ANSWER_BYTES
     render_formats = ("text",)
 

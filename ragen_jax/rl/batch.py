@@ -1,11 +1,11 @@
 """The update's view of a rollout: generated slots gathered into compact [B, K] arrays.
 
 The rollout buffer `[B, S]` has holes; the loss only concerns generated slots. Those sit at
-static offsets (`turn_offsets[t] + i`), so the update works on a compact `[B, K]` view,
-K = turns × max_new_tokens: for each generated slot its token, the slot that predicts it (the
-last valid slot before it), its loss mask, sampling-time log-prob and reward. The training
-forward runs over the whole buffer once and projects to the vocabulary only at those K slots.
-Shared by the train step, the gradient analysis and the supervised fit.
+static offsets (`traj.layout.generation_offset(t) + i`), so the update works on a compact
+`[B, K]` view, K = turns × max_new_tokens: for each generated slot its token, the slot that
+predicts it (the last valid slot before it), its loss mask, sampling-time log-prob and reward.
+The training forward runs over the whole buffer once and projects to the vocabulary only at
+those K slots. Shared by the train step, the gradient analysis and the supervised fit.
 
 Every row starts with the same system prompt (`shared_prefix` slots). The forward runs it once,
 for one row, and hands its keys and values to all rows (`backbone_hidden`): the same numbers
@@ -45,9 +45,10 @@ class Batch:
     shared_prefix: int = struct.field(pytree_node=False, default=0)  # leading slots equal in every row, all valid
 
 
-def generated_slots(traj: Trajectories, gen_len: int) -> np.ndarray:
-    """Static slot indices of every turn's generation window, K = turns × gen_len."""
-    return np.concatenate([np.arange(o, o + gen_len) for o in traj.turn_offsets]).astype(np.int32)
+def generated_slots(traj: Trajectories) -> np.ndarray:
+    """Static slot indices of every turn's generation window, K = turns × max_new_tokens."""
+    layout = traj.layout
+    return np.concatenate([np.arange(o, o + layout.generation) for o in layout.generation_offsets]).astype(np.int32)
 
 
 def previous_valid_slot(mask: jax.Array) -> jax.Array:
@@ -57,15 +58,15 @@ def previous_valid_slot(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1), 0)
 
 
-def batch_from_trajectories(traj: Trajectories, gen_len: int) -> Batch:
-    slots = generated_slots(traj, gen_len)
+def batch_from_trajectories(traj: Trajectories) -> Batch:
+    slots = generated_slots(traj)
     take = lambda a: a[:, slots]
     zeros = jnp.zeros(traj.tokens.shape[:1] + slots.shape, jnp.float32)
     return Batch(tokens=traj.tokens, mask=traj.mask, query=take(previous_valid_slot(traj.mask)),
                  targets=take(traj.tokens), loss_mask=take(traj.loss_mask), old_logprobs=take(traj.logprobs),
                  rewards=take(traj.token_rewards), advantages=zeros, returns=zeros, old_values=zeros,
                  temperatures=None if traj.temperatures is None else take(traj.temperatures),
-                 shared_prefix=traj.prompt_len)
+                 shared_prefix=traj.layout.system)
 
 
 def compact(batch: Batch, multiple: int = 64) -> Batch:

@@ -43,7 +43,8 @@ from flax import nnx
 from ragen_jax.envs.frozenlake import moves_into_holes
 from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
 from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
-from ragen_jax.rollout.play import RolloutConfig, ScriptedPolicy, Trajectories, initial_states, rollout
+from ragen_jax.rollout.play import RolloutConfig, Trajectories, initial_states, rollout
+from ragen_jax.rollout.policies import ScriptedPolicy
 
 NOISE = 0.1
 
@@ -168,9 +169,9 @@ class SFTConfig:
             raise ValueError(f"sft.noise={self.noise} must be in [0, 1]")
 
 
-def fit(model, data: Trajectories, config: SFTConfig, gen_len: int, log=print):
+def fit(model, data: Trajectories, config: SFTConfig, log=print):
     """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses."""
-    batch = jax.tree.map(np.asarray, batch_from_trajectories(data, gen_len))  # minibatches cut on the host
+    batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
     total = steps_per_epoch * config.epochs
@@ -223,4 +224,4 @@ def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
     success = float(np.mean(np.asarray(data.success)))
     log(f"{config.episodes} demonstrations in {time.perf_counter() - started:.0f} s "
         f"(success {success:.2f}, noise {config.noise})")
-    return fit(exp.model, data, config, rollout_config.max_new_tokens, log)
+    return fit(exp.model, data, config, log)

@@ -37,7 +37,8 @@ from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, update
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories
-from ragen_jax.rollout.play import RolloutConfig, Trajectories, model_policy, rollout, rollout_on_mesh
+from ragen_jax.rollout.play import RolloutConfig, Trajectories, rollout, rollout_on_mesh
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.run import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -133,7 +134,7 @@ def update_step(setup: StepSetup, state: TrainState, traj: Trajectories, key: ja
     """Filter → advantages → optimiser steps over the kept groups, on a given rollout; returns
     the new state (step + 1) and the update's metrics."""
     cfg, learner, rcfg = setup.config, setup.learner, setup.config.rollout
-    batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+    batch = batch_from_trajectories(traj)
 
     # 3. SNR-aware filter: whole groups kept or dropped; kept groups first, the rest padding
     keep, loss_scale, metrics = filter_groups(setup, state, traj, batch, key)
@@ -197,7 +198,7 @@ def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):
     from ragen_jax.diagnostics import grad_analysis
 
     cfg, algo, rcfg = setup.config, setup.config.algo, setup.config.rollout
-    batch = batch_from_trajectories(traj, rcfg.max_new_tokens)
+    batch = batch_from_trajectories(traj)
     batch = update.advantages(setup.learner, state.critic, batch, traj.episode_reward, jnp.int32(rcfg.batch),
                               rcfg.group_size)
     rewards = traj.episode_reward.reshape(rcfg.num_groups, rcfg.group_size)

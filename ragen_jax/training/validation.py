@@ -12,7 +12,7 @@ never recompiles:
 
     validator = Validator(model, env, env_params, codec, prompt, EvalConfig(), train_rollout)
     metrics, traj = validator(nnx.state(model))          # or the train state's `policy`
-    print(render_trajectories(traj, tokenizer, action_names=env.action_names, prompt=prompt,
+    print(render_trajectories(traj, tokenizer, action_names=env.action_names,
                               group_size=validator.rollout.group_size))
 
 pass@k: each level is attempted k = `samples_per_env` times (a group sharing the initial
@@ -33,8 +33,8 @@ from flax import nnx
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.qwen2 import for_inference
-from ragen_jax.rollout.play import (Policy, RolloutConfig, RowPart, Trajectories, initial_states, model_policy, rollout,
-                                    rollout_on_mesh)
+from ragen_jax.rollout.play import RolloutConfig, RowPart, Trajectories, initial_states, rollout, rollout_on_mesh
+from ragen_jax.rollout.policies import Policy, model_policy
 from ragen_jax.run import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -181,36 +181,6 @@ def validate(
 # ----------------------------------------------------------------------------- readable text
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    system_len: int  # slots before turn 1's observation
-    gen_len: int  # generation slots per turn
-    offsets: tuple[int, ...]  # each turn's generation slot
-
-    def observation(self, turn: int) -> slice:
-        start = self.system_len if turn == 0 else self.offsets[turn - 1] + self.gen_len
-        return slice(start, self.offsets[turn])
-
-    def generation(self, turn: int) -> slice:
-        return slice(self.offsets[turn], self.offsets[turn] + self.gen_len)
-
-
-def _layout(traj: Trajectories, prompt: PromptTemplate | None) -> _Layout:
-    """The buffer's segments, from the turn offsets and the buffer length (the last turn's
-    generation ends the buffer); the system length from `prompt` or from two turns' spacing."""
-    offsets = tuple(int(o) for o in traj.turn_offsets)
-    if not offsets:
-        raise ValueError("the trajectories have no turn offsets (not made by ragen_jax.rollout.play.rollout)")
-    gen_len = traj.tokens.shape[1] - offsets[-1]
-    if prompt is not None:
-        system_len = int(prompt.system_ids.shape[0])
-    elif len(offsets) > 1:
-        system_len = offsets[0] - (offsets[1] - offsets[0] - gen_len)
-    else:
-        system_len = 0  # one turn and no prompt: the system text is shown with turn 1's observation
-    return _Layout(system_len, gen_len, offsets)
-
-
 def _default_rows(batch: int, group_size: int, count: int) -> list[int]:
     """First sample of each level, then second samples, ...: distinct levels first."""
     group_size = max(1, min(group_size, batch))
@@ -226,7 +196,6 @@ def render_trajectories(
     count: int = 4,
     *,
     action_names: Sequence[str] | None = None,
-    prompt: PromptTemplate | None = None,
     group_size: int = 1,
     rows: Sequence[int] | None = None,
 ) -> str:
@@ -236,15 +205,15 @@ def render_trajectories(
     observation (what the model was shown, chat markers included), the model's generation,
     the parsed actions (names when `action_names` are given, e.g. `env.action_names`) and the
     turn's reward; then the return and success. `rows` picks trajectories; by default
-    `count` of them, distinct levels first (`group_size` = samples per level). `prompt`
-    separates the system message (shown once at the top) from turn 1's observation; without
-    it the layout is inferred from the turn offsets (with a single turn the system message
-    stays in turn 1's observation).
+    `count` of them, distinct levels first (`group_size` = samples per level). The system
+    message is shown once at the top; the segments come from the trajectories' `layout`.
     """
     host = jax.device_get(traj)
     tokens, mask = np.asarray(host.tokens), np.asarray(host.mask)
     batch = tokens.shape[0]
-    layout = _layout(traj, prompt)
+    layout = traj.layout
+    if layout is None:
+        raise ValueError("the trajectories have no buffer layout (not made by ragen_jax.rollout.play.rollout)")
     if rows is None:
         rows = _default_rows(batch, group_size, max(0, int(count)))
     rows = [int(b) for b in rows]
@@ -269,9 +238,9 @@ def render_trajectories(
     gen_lengths = np.asarray(host.gen_lengths)
 
     out: list[str] = []
-    if rows and layout.system_len > 0:
+    if rows and layout.system > 0:
         out += ["#" * 72, "# System prompt (the same for every trajectory)", "#" * 72,
-                _block(decode(segment(rows[0], slice(0, layout.system_len)))), ""]
+                _block(decode(segment(rows[0], slice(0, layout.system)))), ""]
     for n, b in enumerate(rows, start=1):
         played = int(turn_active[b].sum())
         success = bool(host.success[b])
@@ -281,9 +250,9 @@ def render_trajectories(
                 f"Trajectory {n}/{len(rows)} (row {b}, {where}): return {float(host.episode_reward[b]):+.2f}, "
                 f"{'SUCCESS' if success else 'no success'}, {played} turn(s)",
                 "=" * 72]
-        for t in range(len(layout.offsets)):
+        for t in range(layout.turns):
             if not turn_active[b, t]:
-                out.append(f"(episode over after turn {t}; turns {t + 1}-{len(layout.offsets)} not played)")
+                out.append(f"(episode over after turn {t}; turns {t + 1}-{layout.turns} not played)")
                 break
             actions = [action_name(int(a)) for a in turn_actions[b, t] if int(a) > 0]
             valid = bool(turn_valid[b, t])
@@ -291,9 +260,9 @@ def render_trajectories(
                 else "none (invalid answer: format penalty, no env step)"
             out += [f"---- Turn {t + 1} ----",
                     "[observation]",
-                    _block(decode(segment(b, layout.observation(t)))),
+                    _block(decode(segment(b, layout.observation_slice(t)))),
                     f"[model output] ({int(gen_lengths[b, t])} tokens)",
-                    _block(decode(segment(b, layout.generation(t)))),
+                    _block(decode(segment(b, layout.generation_slice(t)))),
                     f"[parsed actions] {parsed}",
                     f"[reward] {float(turn_reward[b, t]):+.2f}"]
         out += [f"Final: return {float(host.episode_reward[b]):+.2f}, success: {'yes' if success else 'no'}, "

@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.rollout.layout import BufferLayout
 from ragen_jax.rollout.play import Trajectories
 
 
@@ -13,15 +14,15 @@ def build(system, rows, obs_len, gen_len):
     turns a trajectory did not play are all holes.
     """
     batch, turns = len(rows), max(len(r) for r in rows)
-    turn_len = obs_len + gen_len
-    length = len(system) + turns * turn_len
+    layout = BufferLayout(system=len(system), observation=obs_len, generation=gen_len, turns=turns)
+    length = layout.length
     tokens = np.zeros((batch, length), np.int32)
     mask = np.zeros((batch, length), bool)
     tokens[:, : len(system)], mask[:, : len(system)] = system, True
     active = np.zeros((batch, turns), bool)
     gen_lengths = np.zeros((batch, turns), np.int32)
     reasoning = np.zeros((batch, turns), np.int32)
-    offsets = tuple(len(system) + t * turn_len + obs_len for t in range(turns))
+    offsets = layout.generation_offsets
     for b, row in enumerate(rows):
         for t, (obs, gen, r) in enumerate(row):
             assert 0 < len(obs) <= obs_len and len(gen) <= gen_len and r <= len(gen)
@@ -36,7 +37,7 @@ def build(system, rows, obs_len, gen_len):
         success=zeros(batch, bool), num_actions=zeros(batch, np.int32), turn_active=jnp.asarray(active),
         turn_valid=jnp.asarray(active), turn_reward=zeros((batch, turns)),
         turn_actions=zeros((batch, turns, 1), np.int32), gen_lengths=jnp.asarray(gen_lengths),
-        reasoning_lengths=jnp.asarray(reasoning), turn_offsets=offsets,
+        reasoning_lengths=jnp.asarray(reasoning), layout=layout,
     )
 
 

@@ -280,7 +280,7 @@ def test_action_reasoning_scores_equal_naive_forward(random_case):
 
     buf, keep = np.asarray(traj.tokens), np.asarray(traj.mask)
     r, g, active = (np.asarray(a)[:, 0] for a in (traj.reasoning_lengths, traj.gen_lengths, traj.turn_active))
-    off = traj.turn_offsets[0]
+    off = traj.layout.generation_offsets[0]
     checked = 0
     for i in range(buf.shape[0]):
         answer = buf[i, off + r[i] : off + min(g[i], r[i] + answer_tokens)]

@@ -21,7 +21,8 @@ from ragen_jax.models.qwen2 import Qwen2Config, init_model
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import losses
 from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs
-from ragen_jax.rollout.play import RolloutConfig, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
@@ -131,7 +132,7 @@ def trajectories(setup):
 
 def batch_with(traj, group_rewards, normalise_std):
     """The update's batch view with synthetic rewards and group-baseline advantages."""
-    batch = batch_from_trajectories(rewarded(traj, group_rewards.reshape(-1)), ROLLOUT.max_new_tokens)
+    batch = batch_from_trajectories(rewarded(traj, group_rewards.reshape(-1)))
     per_row = adv.group_advantages(jnp.asarray(group_rewards), normalise_std=normalise_std).reshape(-1)
     return batch.replace(advantages=adv.broadcast_to_tokens(per_row, batch.loss_mask))
 

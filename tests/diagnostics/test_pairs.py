@@ -34,7 +34,7 @@ def make(seed, late_turn_rows=None):
 def np_prompt(traj, b, t, width):
     """The valid slots of row b before turn t's generation, in the buffer layout."""
     tokens, mask = np.asarray(traj.tokens), np.asarray(traj.mask)
-    keep = mask[b, :width] & (np.arange(width) < traj.turn_offsets[t])
+    keep = mask[b, :width] & (np.arange(width) < traj.layout.generation_offsets[t])
     return np.where(keep, tokens[b, :width], 0), keep
 
 
@@ -74,10 +74,10 @@ def test_first_turn_pairs_match_buffer_slicing(seed):
     np.testing.assert_array_equal(np.asarray(pairs.turns), 0)
     assert np.asarray(pairs.drawn).all()
     ids, mask = _PROMPTS(traj, pairs)
-    assert ids.shape == (GROUPS, traj.turn_offsets[0])
+    assert ids.shape == (GROUPS, traj.layout.generation_offsets[0])
     for g in range(GROUPS):  # the group's prompt: its first member's first turn, = every member's
         for member in range(SIZE):
-            want_ids, want_mask = np_prompt(traj, g * SIZE + member, 0, traj.turn_offsets[0])
+            want_ids, want_mask = np_prompt(traj, g * SIZE + member, 0, traj.layout.generation_offsets[0])
             np.testing.assert_array_equal(np.asarray(mask[g]), want_mask)
             np.testing.assert_array_equal(np.asarray(ids[g]), want_ids)
     check_rows(traj, rows, pairs, _SAMPLES(traj, pairs))
@@ -94,7 +94,7 @@ def test_trajectory_pairs_match_buffer_slicing(seed):
     np.testing.assert_array_equal(np.asarray(pairs.column_turns), turns)
     np.testing.assert_array_equal(np.asarray(pairs.true_column), np.arange(8))
     ids, mask = _PROMPTS(traj, pairs)
-    width = traj.turn_offsets[-1]
+    width = traj.layout.generation_offsets[-1]
     for j, (b, t) in enumerate(zip(sampled, turns)):
         want_ids, want_mask = np_prompt(traj, b, t, width)
         np.testing.assert_array_equal(np.asarray(mask[j]), want_mask)
@@ -168,7 +168,8 @@ def test_pairs_of_a_real_rollout_decode_to_the_turn_text():
     `</think>`, a starts at it. A scripted policy writes known text each turn."""
     from ragen_jax.envs import registry
     from ragen_jax.models import hf, sampling
-    from ragen_jax.rollout.play import Policy, RolloutConfig, rollout
+    from ragen_jax.rollout.play import RolloutConfig, rollout
+    from ragen_jax.rollout.policies import Policy
     from ragen_jax.text.codec import TextCodec
     from ragen_jax.text.prompt import PromptTemplate
 

@@ -9,7 +9,8 @@ import pytest
 
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
-from ragen_jax.rollout.play import RolloutConfig, initial_states, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.answer_re import parse_answer_text
 
 from agent_setup import ScriptedPolicy, scripted_texts, text_parts
@@ -142,7 +143,7 @@ def replay(setup, traj, key):
                 close = text_gen.find("</think>")
                 want = 0 if close < 0 else sum(len(tok.decode(list(gen[: k + 1]))) <= close for k in range(len(gen)))
                 assert int(traj.reasoning_lengths[b, t]) == want, (b, t, text_gen)
-            assert traj.turn_offsets[t] == start + obs_len
+            assert traj.layout.generation_offsets[t] == start + obs_len
             reward = 0.0 if valid else CONFIG.format_penalty
             for a in actions:
                 if bool(state.done) or taken >= CONFIG.max_actions_per_traj:

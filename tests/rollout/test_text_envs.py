@@ -94,8 +94,8 @@ def test_countdown_rewards_through_the_rollout(countdown):
         numbers, target = episodes[b]
         state = CountdownState(numbers=np.array(numbers + [0] * (4 - len(numbers))), count=len(numbers), target=target,
                                done=False, success=False)
-        start = system_len if t == 0 else traj.turn_offsets[t - 1] + CONFIG.max_new_tokens
-        obs = tokens[b, start:traj.turn_offsets[t]][mask[b, start:traj.turn_offsets[t]]]
+        start = system_len if t == 0 else traj.layout.generation_offsets[t - 1] + CONFIG.max_new_tokens
+        obs = tokens[b, start:traj.layout.generation_offsets[t]][mask[b, start:traj.layout.generation_offsets[t]]]
         text = prompt.observation_text(t + 1, env.render_text(state, params), left, reward, warning, closed=False)
         assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)
 
@@ -147,7 +147,7 @@ def test_mathqa_attempts_and_answer_forms_through_the_rollout(mathqa):
     tokens, mask = np.asarray(traj.tokens), np.asarray(traj.mask)
     assert tok.decode(list(tokens[0, :len(prompt.system_ids)])) == prompt.system_text()
     for b, t, left, reward, warning in ((0, 0, 2, None, False), (1, 1, 1, 0.0, False), (3, 1, 2, -0.1, True)):
-        start = len(prompt.system_ids) if t == 0 else traj.turn_offsets[t - 1] + CONFIG.max_new_tokens
-        obs = tokens[b, start:traj.turn_offsets[t]][mask[b, start:traj.turn_offsets[t]]]
+        start = len(prompt.system_ids) if t == 0 else traj.layout.generation_offsets[t - 1] + CONFIG.max_new_tokens
+        obs = tokens[b, start:traj.layout.generation_offsets[t]][mask[b, start:traj.layout.generation_offsets[t]]]
         text = prompt.observation_text(t + 1, questions[b], left, reward, warning, closed=False)
         assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)

@@ -27,8 +27,8 @@ def demos(request):
 def turn_texts(tok, traj, b, t):
     """(observation text, generated text) of turn t of row b, from the buffer."""
     tokens, mask = np.asarray(traj.tokens[b]), np.asarray(traj.mask[b])
-    start = traj.turn_offsets[t]
-    prev = traj.turn_offsets[t - 1] if t else 0
+    start = traj.layout.generation_offsets[t]
+    prev = traj.layout.generation_offsets[t - 1] if t else 0
     obs = tok.decode(tokens[prev:start][mask[prev:start]])
     gen = tok.decode(tokens[start:start + CONFIG.max_new_tokens][mask[start:start + CONFIG.max_new_tokens]])
     return obs, gen
@@ -91,7 +91,7 @@ def test_compacting_the_holes_away_changes_no_log_prob(demos):
     from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
 
     _, _, traj = demos
-    batch = batch_from_trajectories(traj, CONFIG.max_new_tokens)
+    batch = batch_from_trajectories(traj)
     short = compact(batch, multiple=8)
     assert short.tokens.shape[1] < batch.tokens.shape[1]
     assert short.tokens.shape[1] % 8 == 0 or short.tokens.shape[1] == batch.tokens.shape[1]
@@ -108,7 +108,7 @@ def test_fit_lowers_the_loss(demos):
     env, tok, traj = demos
     model = tiny_model(1)
     losses = sft.fit(model, traj, sft.SFTConfig(epochs=4, batch_size=4, lr=3e-3, warmup_steps=1),
-                     CONFIG.max_new_tokens, log=lambda _: None)
+                     log=lambda _: None)
     assert losses[-1] < 0.8 * losses[0], losses
 
 
@@ -132,5 +132,5 @@ def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
                              EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
     assert metrics["valid_action_rate"] > 0.9 and metrics["success"] > 0.1, metrics
-    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.prompt)
+    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer)
     assert scores["reasoning/player_stated"] > 0.9 and scores["reasoning/player_right"] > 0.5, scores  # blind: ~0.06

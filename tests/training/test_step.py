@@ -13,7 +13,8 @@ from ragen_jax.models.qwen2 import init_model, stack_layers
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
 from ragen_jax.rl.filtering import FilterConfig
-from ragen_jax.rollout.play import RolloutConfig, model_policy, rollout
+from ragen_jax.rollout.play import RolloutConfig, rollout
+from ragen_jax.rollout.policies import model_policy
 from ragen_jax.training.step import StepConfig, Trainer
 
 from agent_setup import text_parts, tiny_model
@@ -82,7 +83,7 @@ def test_previous_valid_slot_against_a_python_loop():
 def test_training_forward_reproduces_sampling_logprobs(setup, trajectories):
     """The update's compact view recomputes exactly the log-probs the sampler recorded."""
     model = setup[-1]
-    batch = batch_from_trajectories(trajectories, ROLLOUT.max_new_tokens)
+    batch = batch_from_trajectories(trajectories)
     assert int(batch.loss_mask.sum()) == int(trajectories.loss_mask.sum()) > 0
     logp, entropy = jax.jit(lambda m, b: policy_logprobs(m, b, 1.0))(model, batch)
     lm = np.asarray(batch.loss_mask)
@@ -104,8 +105,8 @@ def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, traj
         nnx.replace_by_pure_dict(state, stack_layers(nnx.to_pure_dict(nnx.state(model))))
         nnx.update(scanned, state)
         model = scanned
-    batch = batch_from_trajectories(trajectories, ROLLOUT.max_new_tokens)
-    assert batch.shared_prefix == trajectories.prompt_len > 0
+    batch = batch_from_trajectories(trajectories)
+    assert batch.shared_prefix == trajectories.layout.system > 0
     assert np.all(np.asarray(trajectories.tokens[:, :batch.shared_prefix]) == np.asarray(trajectories.tokens[0, :batch.shared_prefix]))
     graph, params = nnx.split(model)
 
@@ -156,7 +157,7 @@ def test_action_temperature_marks_each_action_start_and_the_update_recomputes_it
     tokens, temps, loss = (np.asarray(a) for a in (traj.tokens, traj.temperatures, traj.loss_mask))
     hot = 0
     for row in range(config.batch):
-        for offset in traj.turn_offsets:
+        for offset in traj.layout.generation_offsets:
             ids = [int(tokens[row, s]) for s in range(offset, offset + config.max_new_tokens) if loss[row, s]]
             slots = [s for s in range(offset, offset + config.max_new_tokens) if loss[row, s]]
             for j, slot in enumerate(slots):
@@ -166,7 +167,7 @@ def test_action_temperature_marks_each_action_start_and_the_update_recomputes_it
                 hot += starts
     assert 0 < hot < loss.sum()
 
-    batch = batch_from_trajectories(traj, config.max_new_tokens)
+    batch = batch_from_trajectories(traj)
     score = jax.jit(lambda m, b: policy_logprobs(m, b, 0.5)[0])
     lm = np.asarray(batch.loss_mask)
     old = np.asarray(batch.old_logprobs)[lm]

@@ -153,7 +153,7 @@ def initial_states(key: jax.Array, env: Environment, env_params: Any, config: Ro
 
 
 @dataclasses.dataclass(frozen=True)
-class Game:
+class RolloutSetup:
     """What stays fixed over one rollout's turns: who plays, in which env, where in the buffer,
     which rows."""
 
@@ -222,31 +222,31 @@ def rollout(
     # with shared_env_noise, move n of a row draws from fold_in(its group's noise key, n)
     noise_keys = (part.take(member_keys(jax.random.fold_in(k_reset, 1), config))
                   if config.shared_env_noise else None)
-    game = Game(policy, env, env_params, codec, prompt, config, buffer_layout(env, env_params, codec, prompt, config),
-                part, noise_keys)
-    carry = start(game, states, shard_rows)
+    layout = buffer_layout(env, env_params, codec, prompt, config)
+    setup = RolloutSetup(policy, env, env_params, codec, prompt, config, layout, part, noise_keys)
+    carry = start(setup, states, shard_rows)
     # Turns are unrolled: static offsets let each turn read only the cache slots written so
     # far (half the buffer on average), which is most of a decode step's cost.
     records = []
     for turn, turn_key in enumerate(jax.random.split(k_turns, config.max_turns)):
-        carry, record = play_turn(game, carry, turn, turn_key)
+        carry, record = play_turn(setup, carry, turn, turn_key)
         records.append(record)
-    return to_trajectories(game, carry, records)
+    return to_trajectories(setup, carry, records)
 
 
-def start(game: Game, states: Any, shard_rows: Callable) -> TurnCarry:
+def start(setup: RolloutSetup, states: Any, shard_rows: Callable) -> TurnCarry:
     """The carry before turn 1: the system prompt prefilled into a fresh cache and written to
     every row's buffer; rows placed by `shard_rows`."""
-    batch, length, system_len = game.part.size, game.layout.length, game.layout.system
-    cache = game.policy.init_cache(batch, length)
+    batch, length, system_len = setup.part.size, setup.layout.length, setup.layout.system
+    cache = setup.policy.init_cache(batch, length)
     if isinstance(cache, KVCache):  # rows are axis 1 of keys/values [layers, B, ...]
         cache = KVCache(shard_rows(cache.k, 1), shard_rows(cache.v, 1), shard_rows(cache.mask))
-    system = jnp.broadcast_to(game.prompt.system_ids, (batch, system_len))
-    cache, logits = game.policy.prefill(cache, system, jnp.ones_like(system, bool), 0, None)
+    system = jnp.broadcast_to(setup.prompt.system_ids, (batch, system_len))
+    cache, logits = setup.policy.prefill(cache, system, jnp.ones_like(system, bool), 0, None)
     buffer = shard_rows(jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system))
     valid = shard_rows(jnp.zeros((batch, length), bool).at[:, :system_len].set(True))
     logprobs = shard_rows(jnp.zeros((batch, length), jnp.float32))
-    mixed = game.config.action_sampling is not None  # per-token temperatures to record
+    mixed = setup.config.action_sampling is not None  # per-token temperatures to record
     temperatures = shard_rows(jnp.ones((batch, length), jnp.float32)) if mixed else None
     return TurnCarry(
         states=states, cache=cache, logits=logits, buffer=buffer, valid=valid, logprobs=logprobs,
@@ -257,25 +257,25 @@ def start(game: Game, states: Any, shard_rows: Callable) -> TurnCarry:
     )
 
 
-def play_turn(game: Game, carry: TurnCarry, turn: int, turn_key: jax.Array) -> tuple[TurnCarry, TurnRecord]:
+def play_turn(setup: RolloutSetup, carry: TurnCarry, turn: int, turn_key: jax.Array) -> tuple[TurnCarry, TurnRecord]:
     """One turn of every row still running: observe, prefill, decode, answer, step the envs,
     write the turn into the buffer. Finished rows write holes and keep their state."""
-    config, layout, policy = game.config, game.layout, game.policy
+    config, layout, policy = setup.config, setup.layout, setup.policy
     k_decode, k_env = jax.random.split(turn_key)
     active = ~carry.finished
 
-    ids, mask = observe(game, carry, turn, active)
+    ids, mask = observe(setup, carry, turn, active)
     cache, logits = policy.prefill(carry.cache, ids, mask, layout.observation_offset(turn), carry.logits)
     cache, out = policy.decode(cache, logits, layout.generation_offset(turn), k_decode, ~active, turn)
     generated = jnp.arange(layout.generation)[None, :] < out.lengths[:, None]
-    answers, thought = read_answers(game, out.tokens, generated)
-    steps = game.env.play_answers(answers, carry.states, active, carry.actions_taken, env_step_keys(game, k_env),
-                                  game.env_params, game.codec, config.max_actions_per_turn,
+    answers, thought = read_answers(setup, out.tokens, generated)
+    steps = setup.env.play_answers(answers, carry.states, active, carry.actions_taken, env_step_keys(setup, k_env),
+                                  setup.env_params, setup.codec, config.max_actions_per_turn,
                                   config.max_actions_per_traj)
     invalid = active & ~steps.valid
     reward = steps.reward + jnp.where(invalid, config.format_penalty, 0.0)
 
-    buffer, valid, logprobs, temperatures = write_turn(game, carry, turn, ids, mask, out, generated)
+    buffer, valid, logprobs, temperatures = write_turn(setup, carry, turn, ids, mask, out, generated)
     end_of_message = jnp.take_along_axis(out.tokens, jnp.maximum(out.lengths - 1, 0)[:, None], 1)[:, 0]
     wrote = active & (out.lengths > 0)
     finished = carry.finished | (active & (steps.states.done | (steps.taken >= config.max_actions_per_traj)))
@@ -290,7 +290,7 @@ def play_turn(game: Game, carry: TurnCarry, turn: int, turn_key: jax.Array) -> t
         actions_taken=steps.taken,
         last_reward=jnp.where(active, reward, carry.last_reward),
         last_invalid=jnp.where(active, invalid, carry.last_invalid),
-        closed=jnp.where(active, wrote & (end_of_message == game.prompt.end_of_message_id), carry.closed),
+        closed=jnp.where(active, wrote & (end_of_message == setup.prompt.end_of_message_id), carry.closed),
         total=carry.total + reward,
         last_slot=jnp.where(wrote, layout.generation_offset(turn) + out.lengths - 1, carry.last_slot),
         temperatures=temperatures,
@@ -300,63 +300,63 @@ def play_turn(game: Game, carry: TurnCarry, turn: int, turn_key: jax.Array) -> t
     return new, record
 
 
-def observe(game: Game, carry: TurnCarry, turn: int, active: jax.Array) -> tuple[jax.Array, jax.Array]:
+def observe(setup: RolloutSetup, carry: TurnCarry, turn: int, active: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The turn's observation of every row as token ids (ids, mask) [B, observation];
     finished rows get an all-hole chunk."""
-    state_tokens = jax.vmap(game.env.state_tokens, in_axes=(0, None, None))
+    state_tokens = jax.vmap(setup.env.state_tokens, in_axes=(0, None, None))
     render = jax.vmap(turn_ids, in_axes=(None, 0, None, 0, 0, 0, 0))
-    ids, mask = render(game.prompt, state_tokens(carry.states, game.env_params, game.codec), turn + 1,
-                       game.config.max_actions_per_traj - carry.actions_taken, carry.last_reward,
+    ids, mask = render(setup.prompt, state_tokens(carry.states, setup.env_params, setup.codec), turn + 1,
+                       setup.config.max_actions_per_traj - carry.actions_taken, carry.last_reward,
                        carry.last_invalid, carry.closed)
     return ids, mask & active[:, None]
 
 
-def read_answers(game: Game, tokens: jax.Array, generated: jax.Array):
+def read_answers(setup: RolloutSetup, tokens: jax.Array, generated: jax.Array):
     """Per row, from one detokenization: the answer as the env reads it (`read_answer`) and the
     reasoning's length."""
 
     @jax.vmap
     def read(ids, mask):
-        text = detokenize(game.codec, ids, mask)
-        return game.env.read_answer(game.codec, *text), reasoning_length(game.codec, ids, mask, text)
+        text = detokenize(setup.codec, ids, mask)
+        return setup.env.read_answer(setup.codec, *text), reasoning_length(setup.codec, ids, mask, text)
 
     return read(tokens, generated)
 
 
-def env_step_keys(game: Game, k_env: jax.Array) -> Callable[[int, jax.Array], jax.Array]:
+def env_step_keys(setup: RolloutSetup, k_env: jax.Array) -> Callable[[int, jax.Array], jax.Array]:
     """`step_keys(k, taken)`: the env keys [B] of every row's next move, the k-th of this turn
     and the taken-th of its episode."""
 
     def step_keys(k, taken):
-        if game.config.shared_env_noise:
-            return jax.vmap(jax.random.fold_in)(game.noise_keys, taken)
-        return game.part.take(jax.random.split(jax.random.fold_in(k_env, k), game.part.total))
+        if setup.config.shared_env_noise:
+            return jax.vmap(jax.random.fold_in)(setup.noise_keys, taken)
+        return setup.part.take(jax.random.split(jax.random.fold_in(k_env, k), setup.part.total))
 
     return step_keys
 
 
-def write_turn(game: Game, carry: TurnCarry, turn: int, ids, mask, out: sampling.DecodeOutput, generated):
+def write_turn(setup: RolloutSetup, carry: TurnCarry, turn: int, ids, mask, out: sampling.DecodeOutput, generated):
     """The buffers with the turn's observation and generation written at its offset:
     (tokens, valid, logprobs, temperatures)."""
     turn_tokens = jnp.concatenate([ids, out.tokens], axis=1)
     turn_mask = jnp.concatenate([mask, generated], axis=1)
     turn_logp = jnp.concatenate([jnp.zeros_like(ids, jnp.float32), out.logprobs], axis=1)
-    offset = game.layout.observation_offset(turn)
+    offset = setup.layout.observation_offset(turn)
     place = lambda buf, chunk: jax.lax.dynamic_update_slice_in_dim(buf, chunk.astype(buf.dtype), offset, 1)
     temperatures = None
-    if game.config.action_sampling is not None:
+    if setup.config.action_sampling is not None:
         switched = jnp.zeros(out.tokens.shape, bool) if out.switched is None else out.switched
-        drawn = jnp.where(switched, drawn_at(game.config.action_sampling), drawn_at(game.config.sampling))
+        drawn = jnp.where(switched, drawn_at(setup.config.action_sampling), drawn_at(setup.config.sampling))
         temperatures = place(carry.temperatures, jnp.concatenate([jnp.ones_like(ids, jnp.float32), drawn], axis=1))
     return place(carry.buffer, turn_tokens), place(carry.valid, turn_mask), place(carry.logprobs, turn_logp), \
         temperatures
 
 
-def to_trajectories(game: Game, carry: TurnCarry, records: list[TurnRecord]) -> Trajectories:
+def to_trajectories(setup: RolloutSetup, carry: TurnCarry, records: list[TurnRecord]) -> Trajectories:
     """The finished rollout: the buffers, the loss mask over generated slots, the episode
     reward on each row's last generated token, and the per-turn records as [B, T]."""
     active, turn_valid, turn_reward, turn_actions, gen_lengths, thought = (jnp.stack(r) for r in zip(*records))
-    layout = game.layout
+    layout = setup.layout
     slots = jnp.arange(layout.length)[None, :]
     is_generated = functools.reduce(jnp.logical_or, [(slots >= o) & (slots < o + layout.generation)
                                                      for o in layout.generation_offsets])

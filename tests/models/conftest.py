@@ -1,7 +1,8 @@
 """Tiny random transformers Qwen2 checkpoints, built once per session and saved to disk."""
 
+import numpy as np
 import pytest
-from hf_reference import make_hf_model
+from hf_reference import VOCAB, make_hf_model
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +20,15 @@ def hf_models(tmp_path_factory):
         model.save_pretrained(path)
         out[name] = (model, path)
     return out
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Four rows of random ids with right, left and almost-all padding (a file may define its own)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCAB, size=(4, 13)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, 9:] = False  # right padding
+    mask[2, :4] = False  # left padding
+    mask[3, 5:] = False  # almost all padding
+    return ids, mask

@@ -15,17 +15,6 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def batch():
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, VOCAB, size=(4, 13)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[1, 9:] = False  # right padding
-    mask[2, :4] = False  # left padding
-    mask[3, 5:] = False  # almost all padding
-    return ids, mask
-
-
-@pytest.fixture(scope="module")
 def untied(hf_models):
     torch_model, path = hf_models["untied"]
     return torch_model, hf.load_pretrained(path)

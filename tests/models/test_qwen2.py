@@ -15,17 +15,6 @@ from hf_reference import VOCAB, hf_logits, make_hf_model
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def batch():
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, VOCAB, size=(4, 13)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[1, 9:] = False  # right padding
-    mask[2, :4] = False  # left padding
-    mask[3, 5:] = False  # almost all padding
-    return ids, mask
-
-
 def ours_logits(model, ids, mask, context=DecodeContext()):
     mask = jnp.asarray(mask)
     hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, context)

@@ -270,8 +270,8 @@ def play_turn(setup: RolloutSetup, carry: TurnCarry, turn: int, turn_key: jax.Ar
     generated = jnp.arange(layout.generation)[None, :] < out.lengths[:, None]
     answers, thought = read_answers(setup, out.tokens, generated)
     steps = setup.env.play_answers(answers, carry.states, active, carry.actions_taken, env_step_keys(setup, k_env),
-                                  setup.env_params, setup.codec, config.max_actions_per_turn,
-                                  config.max_actions_per_traj)
+                                   setup.env_params, setup.codec, config.max_actions_per_turn,
+                                   config.max_actions_per_traj)
     invalid = active & ~steps.valid
     reward = steps.reward + jnp.where(invalid, config.format_penalty, 0.0)
 

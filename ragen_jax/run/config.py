@@ -26,7 +26,7 @@ from ml_collections import config_dict as config_dict_lib
 from ragen_jax.envs import registry
 from ragen_jax.rl.filtering import METRIC_ALIASES
 from ragen_jax.run.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
-from ragen_jax.run.schema import Settings
+from ragen_jax.run.schema import MODEL_NUMERICS, ModelSection, Settings
 from ragen_jax.run.sharding import rows_indivisible
 from ragen_jax.training.step import StepConfig
 
@@ -294,9 +294,7 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
 def model_options(config: ml_collections.ConfigDict) -> dict:
     """The `Qwen2Config` fields the `model` section sets (a saved config that predates a key
     gets its default)."""
-    m, defaults = config.model, default_config().model
-    keys = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
-    return {key: m.get(key, defaults[key]) for key in keys}
+    return {key: config.model.get(key, getattr(ModelSection, key)) for key in MODEL_NUMERICS}
 
 
 def to_json(config: ml_collections.ConfigDict | dict) -> str:

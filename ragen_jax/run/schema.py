@@ -80,6 +80,10 @@ class EnvSection:
         return {**({} if self.max_steps is None else {"max_steps": self.max_steps}), **slip}
 
 
+# The `model` keys that are `Qwen2Config` fields (its numerics); the rest say where weights come from.
+MODEL_NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The policy: a local Hugging Face checkpoint (`path`) or a built-in preset, and its numerics."""
@@ -118,8 +122,7 @@ class ModelSection:
 
     def options(self) -> dict:
         """The `Qwen2Config` fields this section sets."""
-        keys = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
-        return {key: getattr(self, key) for key in keys}
+        return {key: getattr(self, key) for key in MODEL_NUMERICS}
 
 
 _ROLLOUT, _SAMPLING = RolloutConfig(), RolloutConfig().sampling

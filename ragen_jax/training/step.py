@@ -282,12 +282,22 @@ class Trainer:
             critic_tx=optimizer(config.algo.critic_lr, config.algo), algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
             rows=sharding.rows_constraint(mesh))
         self.setup = StepSetup(config=config, env=env, env_params=env_params, learner=learner, mesh=mesh)
-        self.policy_graph, self.critic_graph = learner.policy_graph, learner.critic_graph
-        self.actor_tx, self.critic_tx = learner.actor_tx, learner.critic_tx
         self.step_fn = functools.partial(train_step, self.setup)
         self.compiled_step = self._compile(self.step_fn)
         self.step = lambda state: self.compiled_step(state, self.codec, self.prompt)
         self.update = self._compile(functools.partial(update_step, self.setup))
+
+    @property
+    def policy_graph(self):
+        return self.setup.learner.policy_graph
+
+    @property
+    def actor_tx(self):
+        return self.setup.learner.actor_tx
+
+    @property
+    def critic_tx(self):
+        return self.setup.learner.critic_tx
 
     def play_rollout(self, policy_state, key, codec, prompt) -> Trajectories:
         """The step's rollout alone (benchmarks time it)."""

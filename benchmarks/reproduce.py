@@ -8,6 +8,8 @@
     python benchmarks/reproduce.py study --part noise --out results/study      # FrozenLake's slip, Top-p vs none
     python benchmarks/reproduce.py study --part gradients --out results/study  # gradient norms by reward-std bucket
     python benchmarks/reproduce.py study --out results/study                   # all three, in that order
+    # N runs at a time, each its own process (the cores shared out, or one GPU shared):
+    python benchmarks/reproduce.py study --jobs 8 --out results/study
     # a subset in minutes: one env/algorithm, two arms, one seed, a few steps
     python benchmarks/reproduce.py study --part main --envs sokoban --algos grpo --filters top_p top_k \
         --seeds 0 --steps 4 --out results/smoke
@@ -39,6 +41,9 @@ checkpoints every 10 steps), so a stopped study resumes where it stopped: finish
 skipped, interrupted ones resume from their last checkpoint. After every arm `<out>/report.md`
 is rewritten from the finished runs, so each table lands as soon as its runs are done. The
 statistics live in `ragen_jax.analysis.study` (tested against independent references).
+With `--jobs N` (`job_pool.py`) each run is this script for that run alone, N at a time, its
+output in `<out>/logs/`; runs of an env start once its first run has validated the initial
+policy, and Top-k once the Top-p runs it is matched to are done.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -113,7 +119,6 @@ def set_overrides(items: list[str], error) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
-
 def config_command(description: str, steps: int) -> argparse.ArgumentParser:
     """A parser for benchmarks that time one config: `--config`, `--steps` (timed steps after
     the first, default `steps`) and `--set KEY=VALUE` overrides."""
@@ -137,12 +142,25 @@ def command_config(parser: argparse.ArgumentParser, args, extra: dict[str, str] 
     except (config_lib.ConfigError, ValueError) as err:
         parser.error(str(err).splitlines()[0])
 
+
 def finished(workdir: Path, steps: int) -> bool:
+    """Whether the run in `workdir` logged step `steps` (a line still being written, by a run of
+    a parallel study, is not finished)."""
     path = workdir / "metrics.jsonl"
     if not path.exists():
         return False
     lines = path.read_text().splitlines()
-    return bool(lines) and json.loads(lines[-1])["step"] >= steps
+    try:
+        return bool(lines) and json.loads(lines[-1])["step"] >= steps
+    except json.JSONDecodeError:
+        return False
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file, so a parallel reader sees all of it or none."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def record_start(start_file: Path, config) -> None:
@@ -150,7 +168,7 @@ def record_start(start_file: Path, config) -> None:
     if not start_file.exists():
         start = initial_validation(config)
         start_file.parent.mkdir(parents=True, exist_ok=True)
-        start_file.write_text(json.dumps(start, indent=2))
+        write_whole(start_file, json.dumps(start, indent=2))
 
 
 def initial_validation(config) -> dict[str, float]:
@@ -256,8 +274,8 @@ def matched_k(args, env: str, algo: str, num_groups: int) -> int:
     kept = [st.summarise_run(r)["mean_kept_ratio"] for r in top_p]
     k = st.matched_top_k(kept, num_groups)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"k": k, "groups": num_groups, "top_p_runs": len(top_p),
-                                "top_p_mean_kept_fraction": sum(kept) / len(kept)}, indent=2))
+    write_whole(path, json.dumps({"k": k, "groups": num_groups, "top_p_runs": len(top_p),
+                                  "top_p_mean_kept_fraction": sum(kept) / len(kept)}, indent=2))
     return k
 
 
@@ -339,9 +357,99 @@ ENVS = {"main": ["sokoban", "frozenlake"], "noise": ["frozenlake"], "gradients":
         "recorded": ["sokoban", "frozenlake"]}
 
 
+def job_flags(args) -> list[str]:
+    """The flags every run of a parallel study passes on, beside its own selection."""
+    flags = ["--out", str(args.out), "--steps", str(args.steps), "--grad-buckets", str(args.grad_buckets),
+             "--diag-samples", str(args.diag_samples)]
+    for flag in ("val_every", "eval_episodes", "eval_samples"):
+        if getattr(args, flag) is not None:
+            flags += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return flags + [a for key, value in args.set.items() for a in ("--set", f"{key}={value}")]
+
+
+def job_environment(args, env: str) -> dict[str, str]:
+    """A run's environment in a parallel study: the host's cores shared out (one jax CPU device per
+    core of its share) and, on a GPU, memory taken as needed so the runs fit on one card."""
+    environ = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    host_devices.split_host(run_config(env, 0, args.set), cores=max(1, (os.cpu_count() or 1) // args.jobs),
+                            environ=environ)
+    return environ
+
+
+def study_jobs(args, parts) -> list:
+    """Every unfinished run of `parts` as a job of `job_pool`: this script for that run alone. A
+    main part's runs of an env wait for the initial policy's validation (its first run writes it);
+    Top-k runs wait for the Top-p runs of their env and algorithm, and k is fixed before the first."""
+    from job_pool import Job
+
+    script, flags, jobs = str(Path(__file__).resolve()), job_flags(args), []
+    names: dict[Path, str] = {}
+
+    def add(part, env, arm, seed, selection, after=(), ready=lambda: True, before=lambda: None):
+        workdir = args.out / env / arm / f"seed{seed}"
+        config = workdir / "config.json"
+        done = config.exists() and finished(workdir, json.loads(config.read_text())["train"]["steps"])
+        if workdir in names or done:
+            return  # planned already (noise's rate 0.8 is main's) or finished
+        names[workdir] = f"{env}/{arm}/seed{seed}"
+        jobs.append(Job(names[workdir], [sys.executable, script, "study", "--part", part, *selection,
+                                         "--seeds", str(seed), *flags],
+                        args.out / "logs" / f"{env}-{arm}-seed{seed}.log", tuple(after), ready, before,
+                        job_environment(args, env)))
+
+    for part in parts:
+        for env in args.envs or ENVS[part]:
+            if part == "main":
+                start = args.out / env / "start_validation.json"
+                for algo in [a for e, a in MAIN if e == env and a in args.algos]:
+                    base = {**study_overrides(env, args), "algo.name": algo, **args.set}
+                    top_p = []
+                    for name in [f for f in ("top_p", "none", "top_k") if f in args.filters]:
+                        for seed in args.seeds or SEEDS["main"]:
+                            first = not any(j.name.startswith(f"{env}/") for j in jobs) and not start.exists()
+                            fix_k = (lambda e=env, a=algo, b=base:
+                                     matched_k(args, e, a, run_config(e, 0, b).rollout.num_groups))
+                            add("main", env, f"{name}-{algo}", seed,
+                                ["--envs", env, "--algos", algo, "--filters", name],
+                                after=top_p if name == "top_k" else (),
+                                ready=(lambda: True) if first else start.exists,
+                                before=fix_k if name == "top_k" else (lambda: None))
+                            if name == "top_p" and args.out / env / f"top_p-{algo}" / f"seed{seed}" in names:
+                                top_p.append(names[args.out / env / f"top_p-{algo}" / f"seed{seed}"])
+            elif part == "noise" and env == "frozenlake":  # the sweep is FrozenLake's slip
+                for rate in args.rates:
+                    for name in [f for f in ("top_p", "none") if f in args.filters]:
+                        one = argparse.Namespace(**{**vars(args), "rates": [rate], "filters": [name]})
+                        [(arm, _)] = noise_arms(one)
+                        for seed in args.seeds or SEEDS["noise"]:
+                            add("noise", env, arm, seed, ["--rates", rate, "--filters", name])
+            elif part == "gradients":
+                for algo in args.algos:
+                    for reg in args.reg:
+                        [(_, arm, _)] = gradient_arms(argparse.Namespace(
+                            **{**vars(args), "envs": [env], "algos": [algo], "reg": [reg]}))
+                        for seed in args.seeds or SEEDS["gradients"]:
+                            add("gradients", env, arm, seed, ["--envs", env, "--algos", algo, "--reg", reg])
+    return jobs
+
+
+def study_in_parallel(args, parts) -> None:
+    """The runs of `parts` as `args.jobs` processes at a time; the report once they are done."""
+    from job_pool import run_jobs
+
+    codes = run_jobs(study_jobs(args, parts), args.jobs, say=lambda line: print(line, flush=True))
+    write_report(args.out)
+    failed = sorted(name for name, code in codes.items() if code != 0)
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(codes)} runs did not finish: {', '.join(failed)} "
+                         f"(their logs: {args.out / 'logs'})")
+
+
 def study(args) -> None:
-    """The asked part, or main, noise and gradients in turn (`all`)."""
+    """The asked part, or main, noise and gradients in turn (`all`); `--jobs N`: N runs at a time."""
     parts = ("main", "noise", "gradients") if args.part == "all" else (args.part,)
+    if args.jobs > 1:
+        return study_in_parallel(args, parts)
     # as `python -m ragen_jax.train` does, before jax starts: one device per core (the study's runs
     # share their env config's rollout batch and minibatch); the recorded study ran on one device
     if parts != ("recorded",):
@@ -436,7 +544,7 @@ def write_report(out: Path) -> None:
     """`<out>/report.md` from the runs finished so far (the study calls it after every run)."""
     runs = load_runs(out)
     if runs:
-        (out / "report.md").write_text(report_text(runs, out) + "\n")
+        write_whole(out / "report.md", report_text(runs, out) + "\n")
 
 
 def report_text(runs, out: Path) -> str:
@@ -646,6 +754,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                            help="gradients: entropy and KL coefficients of each arm")
             p.add_argument("--grad-buckets", type=int, default=6)
             p.add_argument("--diag-samples", type=int, default=64, help="MI diagnostics' samples (main, noise)")
+            p.add_argument("--jobs", type=int, default=1,
+                           help="runs at a time, each its own process sharing the cores or one GPU (main, noise, "
+                                "gradients; default 1: one after another in this process)")
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--steps", type=int, default=0, help="0: the config's (study: gradients 50, recorded 40)")
         # learn and study: the config's validation (128 levels × 8 samples; one sample per level
@@ -670,6 +781,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')}={value} must be >= 1")
     if args.command == "study":
+        if args.jobs < 1:
+            parser.error(f"--jobs={args.jobs} must be >= 1")
+        if args.jobs > 1 and args.part == "recorded":
+            parser.error("--jobs applies to the parts main, noise, gradients and all; recorded runs one at a time")
         for text in args.rates:
             try:
                 if not 0 <= Fraction(text) <= 1:

@@ -30,13 +30,14 @@ def device_count(cores: int, rows: tuple[int, ...]) -> int:
     return max(d for d in range(1, max(cores, 1) + 1) if all(r % d == 0 for r in rows))
 
 
-def split_host(config, rows: tuple[int, ...] | None = None, cores: int | None = None) -> int | None:
+def split_host(config, rows: tuple[int, ...] | None = None, cores: int | None = None,
+               environ=os.environ) -> int | None:
     """Before jax starts: XLA_FLAGS gains one CPU device per core (as many as divide every count
     in `rows`; by default the train step's rollout batch and minibatch) when the config's mesh
     is plain data parallelism over all devices and XLA_FLAGS names no device count. Returns the
     count it set, or None when it set none. Only the CPU backend reads the flag: on an
-    accelerator it changes nothing."""
-    flags = os.environ.get("XLA_FLAGS", "")
+    accelerator it changes nothing. `environ`: the environment to set it in (a child process's)."""
+    flags = environ.get("XLA_FLAGS", "")
     mesh = config.mesh
     if COUNT_FLAG in flags or (mesh.data, mesh.fsdp, mesh.tensor) != (-1, 1, 1):
         return None
@@ -45,7 +46,7 @@ def split_host(config, rows: tuple[int, ...] | None = None, cores: int | None = 
     count = device_count(cores or os.cpu_count() or 1, rows)
     if count == 1:
         return None
-    os.environ["XLA_FLAGS"] = with_device_count(flags, count)
+    environ["XLA_FLAGS"] = with_device_count(flags, count)
     return count
 
 

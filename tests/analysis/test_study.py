@@ -308,6 +308,34 @@ def test_top_k_is_matched_to_the_finished_top_p_runs_and_then_fixed(tmp_path):
     assert saved["top_p_runs"] == 2 and saved["top_p_mean_kept_fraction"] == pytest.approx(0.4375)
 
 
+def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 8)  # 4 jobs: 2 cores, so 2 jax CPU devices, each
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    args = study_args("--out", str(tmp_path), "--jobs", "4", "--envs", "frozenlake", "--set", "mesh.data=-1")
+    fake_run(tmp_path / "frozenlake" / "none-grpo" / "seed1", 2, [{"step": 2}])  # finished: not planned again
+    jobs = {job.name: job for job in reproduce.study_jobs(args, ("main", "noise", "gradients"))}
+    main = [f"frozenlake/{f}-grpo/seed{s}" for f in ("top_p", "none", "top_k") for s in range(5)]
+    main.remove("frozenlake/none-grpo/seed1")
+    noise = [f"frozenlake/{f}-grpo-success{r}/seed{s}" for r in ("1", "0.9", "0.6", "0.333")
+             for f in ("top_p", "none") for s in range(3)]  # rate 0.8: main's runs, not twice
+    gradients = [f"frozenlake/none-{a}-ent{r}/seed0" for a in ("ppo", "grpo") for r in ("0.001-kl0.01", "0.01-kl0.1")]
+    assert list(jobs) == main + noise + gradients
+    first, second = jobs["frozenlake/top_p-grpo/seed0"], jobs["frozenlake/top_p-grpo/seed1"]
+    assert first.ready() and not second.ready()  # the first run validates the initial policy; the rest wait
+    (tmp_path / "frozenlake" / "start_validation.json").write_text("{}")
+    assert second.ready()
+    assert jobs["frozenlake/top_k-grpo/seed3"].after == tuple(f"frozenlake/top_p-grpo/seed{s}" for s in range(5))
+    assert jobs["frozenlake/none-grpo/seed0"].after == () and noise[0] in jobs and not jobs[noise[0]].after
+    argv = jobs["frozenlake/top_k-grpo/seed3"].argv
+    assert argv[2:12] == ["study", "--part", "main", "--envs", "frozenlake", "--algos", "grpo", "--filters", "top_k",
+                          "--seeds"] and argv[12] == "3" and argv[-2:] == ["--set", "mesh.data=-1"]
+    assert jobs[noise[-1]].argv[5:9] == ["--rates", "1/3", "--filters", "none"]
+    assert reproduce.parse_args(argv[2:]).seeds == [3]  # each job is this script for its run alone
+    environ = jobs[main[0]].env
+    assert environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=2"
+
+
 def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path):
     finals = {"top_p": [0.50, 0.46, 0.48], "none": [0.40, 0.44, 0.40], "top_k": [0.45, 0.45, 0.47]}
     for name, values in finals.items():
@@ -330,12 +358,14 @@ def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path)
 
 
 def test_reproduce_study_smoke(tmp_path):
-    """One seed, two steps, Top-p then Top-k matched to it (each arm is a fresh compile): the
-    runs land where `report` finds them, with the paper's filter, and the report pairs them."""
+    """One seed, two steps, Top-p then Top-k matched to it (each arm is a fresh compile), as
+    parallel jobs (Top-k waits for Top-p): the runs land where `report` finds them, with the
+    paper's filter, and the report pairs them."""
     script = str(ROOT / "benchmarks" / "reproduce.py")
     sets = [a for kv in TINY for a in ("--set", kv)]
     run = subprocess.run([sys.executable, script, "study", "--part", "main", "--envs", "sokoban", "--algos", "grpo",
-                          "--filters", "top_p", "top_k", "--seeds", "0", "--steps", "2", "--val-every", "2",
+                          "--filters", "top_p", "top_k", "--seeds", "0", "--jobs", "2", "--steps", "2",
+                          "--val-every", "2",
                           "--eval-episodes", "2", "--eval-samples", "1", "--diag-samples", "4", "--out", str(tmp_path),
                           *sets], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -353,6 +383,8 @@ def test_reproduce_study_smoke(tmp_path):
     start = json.loads((arm / "start_validation.json").read_text())
     assert 0.0 <= start["success"] <= 1.0
     assert "| sokoban | grpo | top_p − top_k | 1 |" in (tmp_path / "report.md").read_text()
+    assert "done sokoban/top_p-grpo/seed0" in run.stdout and "done sokoban/top_k-grpo/seed0" in run.stdout
+    assert (tmp_path / "logs" / "sokoban-top_k-grpo-seed0.log").stat().st_size > 0
     out = subprocess.run([sys.executable, script, "report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

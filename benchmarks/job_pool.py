@@ -1,9 +1,10 @@
 """Run command-line jobs as subprocesses, a few at a time, each after the jobs it waits for.
 
-The study's runs are independent programs except for two orderings (Top-k is matched to the
-finished Top-p runs; every run of an env reads the initial policy's validation the first one
-writes), so `reproduce.py study --jobs N` hands them to this pool: N processes share the host's
-cores or one accelerator. A job whose prerequisite failed is not started; the others go on.
+The study's runs are independent programs but for a few orderings (Top-k is matched to the
+finished Top-p runs; an env's runs read the initial policy's validation its first run writes; a
+run starts without compiling once the first run of its arm has filled the compilation cache),
+so `reproduce.py study --jobs N` hands them to this pool: N processes share the host's cores or
+one accelerator. A job whose prerequisite failed is not started; the others go on.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 
 @dataclass
@@ -22,14 +23,15 @@ class Job:
     argv: list[str]  # the command
     log: Path  # its stdout and stderr
     after: tuple[str, ...] = ()  # jobs that must have succeeded first
-    ready: Callable[[], bool] = lambda: True  # a further condition to start (checked while waiting)
+    # a further condition to start, given the exit codes of the jobs ended so far (checked while waiting)
+    ready: Callable[[Mapping[str, int]], bool] = lambda ended: True
     before: Callable[[], None] = lambda: None  # runs in this process just before the job starts
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
 
 
 def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print) -> dict[str, int]:
     """Run `jobs`, at most `workers` at once, each in list order as soon as its prerequisites
-    succeeded and `ready()` holds. Returns {name: exit code}; a job never started because a
+    succeeded and `ready(ended jobs' codes)` holds. Returns {name: exit code}; a job never started because a
     prerequisite failed gets -1. `say` gets one line per start and end."""
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
@@ -55,7 +57,7 @@ def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print
                 waiting.remove(job)
                 say(f"[{time.monotonic() - start:7.0f}s] skipped {job.name}: a job it waits for failed")
                 continue
-            if len(running) >= workers or any(a not in codes for a in job.after) or not job.ready():
+            if len(running) >= workers or any(a not in codes for a in job.after) or not job.ready(codes):
                 continue
             job.before()
             job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +69,7 @@ def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print
         if running and (waiting or running):
             time.sleep(poll_seconds)
         elif waiting and not running:
-            # nothing runs and nothing can start: a `ready()` that never holds
+            # nothing runs and nothing can start: a `ready` that never holds
             for job in waiting:
                 codes[job.name] = -1
                 say(f"skipped {job.name}: not ready and nothing left to wait for")

@@ -143,17 +143,20 @@ def command_config(parser: argparse.ArgumentParser, args, extra: dict[str, str] 
         parser.error(str(err).splitlines()[0])
 
 
-def finished(workdir: Path, steps: int) -> bool:
-    """Whether the run in `workdir` logged step `steps` (a line still being written, by a run of
-    a parallel study, is not finished)."""
+def last_step(workdir: Path) -> int:
+    """The last step the run in `workdir` logged, -1 if none (a line still being written, by a
+    run of a parallel study, does not count)."""
     path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return False
-    lines = path.read_text().splitlines()
+    lines = path.read_text().splitlines() if path.exists() else []
     try:
-        return bool(lines) and json.loads(lines[-1])["step"] >= steps
+        return json.loads(lines[-1])["step"] if lines else -1
     except json.JSONDecodeError:
-        return False
+        return json.loads(lines[-2])["step"] if len(lines) > 1 else -1
+
+
+def finished(workdir: Path, steps: int) -> bool:
+    """Whether the run in `workdir` logged step `steps`."""
+    return last_step(workdir) >= steps
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -377,21 +380,33 @@ def job_environment(args, env: str) -> dict[str, str]:
 
 
 def study_jobs(args, parts) -> list:
-    """Every unfinished run of `parts` as a job of `job_pool`: this script for that run alone. A
-    main part's runs of an env wait for the initial policy's validation (its first run writes it);
-    Top-k runs wait for the Top-p runs of their env and algorithm, and k is fixed before the first."""
+    """Every unfinished run of `parts` as a job of `job_pool`: this script for that run alone.
+    A run waits for the first run of its arm to have trained a step (its programs are then in the
+    compilation cache, so it starts without compiling) and, in the main part, for its env's
+    initial validation (the env's first run writes it); either stops holding it back once that
+    run has ended. Top-k runs wait for the Top-p runs of their env and algorithm, and k is fixed
+    before the first of them starts."""
     from job_pool import Job
 
     script, flags, jobs = str(Path(__file__).resolve()), job_flags(args), []
     names: dict[Path, str] = {}
+    first_of: dict[str, Path] = {}  # an arm ("env/arm") or an env's main part -> its first run
 
-    def add(part, env, arm, seed, selection, after=(), ready=lambda: True, before=lambda: None):
+    def after_first(key: str, workdir: Path, done):
+        """A `ready` for the runs after the first of `key`: that run is `done` (or ended)."""
+        first = first_of.setdefault(key, workdir)
+        return lambda ended: first == workdir or done(first) or names[first] in ended
+
+    def add(part, env, arm, seed, selection, after=(), before=lambda: None):
         workdir = args.out / env / arm / f"seed{seed}"
         config = workdir / "config.json"
         done = config.exists() and finished(workdir, json.loads(config.read_text())["train"]["steps"])
         if workdir in names or done:
             return  # planned already (noise's rate 0.8 is main's) or finished
         names[workdir] = f"{env}/{arm}/seed{seed}"
+        compiled = after_first(f"{env}/{arm}", workdir, lambda first: last_step(first) >= 1)
+        validated = after_first(f"{env}/main", workdir, lambda _: (args.out / env / "start_validation.json").exists())
+        ready = (lambda ended: compiled(ended) and validated(ended)) if part == "main" else compiled
         jobs.append(Job(names[workdir], [sys.executable, script, "study", "--part", part, *selection,
                                          "--seeds", str(seed), *flags],
                         args.out / "logs" / f"{env}-{arm}-seed{seed}.log", tuple(after), ready, before,
@@ -400,19 +415,16 @@ def study_jobs(args, parts) -> list:
     for part in parts:
         for env in args.envs or ENVS[part]:
             if part == "main":
-                start = args.out / env / "start_validation.json"
                 for algo in [a for e, a in MAIN if e == env and a in args.algos]:
                     base = {**study_overrides(env, args), "algo.name": algo, **args.set}
                     top_p = []
                     for name in [f for f in ("top_p", "none", "top_k") if f in args.filters]:
                         for seed in args.seeds or SEEDS["main"]:
-                            first = not any(j.name.startswith(f"{env}/") for j in jobs) and not start.exists()
                             fix_k = (lambda e=env, a=algo, b=base:
                                      matched_k(args, e, a, run_config(e, 0, b).rollout.num_groups))
                             add("main", env, f"{name}-{algo}", seed,
                                 ["--envs", env, "--algos", algo, "--filters", name],
                                 after=top_p if name == "top_k" else (),
-                                ready=(lambda: True) if first else start.exists,
                                 before=fix_k if name == "top_k" else (lambda: None))
                             if name == "top_p" and args.out / env / f"top_p-{algo}" / f"seed{seed}" in names:
                                 top_p.append(names[args.out / env / f"top_p-{algo}" / f"seed{seed}"])

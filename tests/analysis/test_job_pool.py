@@ -53,12 +53,12 @@ def test_a_failed_job_skips_its_dependants_only(tmp_path):
 def test_ready_and_before_and_environment(tmp_path):
     flag = tmp_path / "flag"
     made = []
-    waits = job(tmp_path, "waits", ready=flag.exists, before=lambda: made.append("before"))
+    waits = job(tmp_path, "waits", ready=lambda ended: flag.exists(), before=lambda: made.append("before"))
     writes = Job("writes", [sys.executable, "-c", f"import os, pathlib; pathlib.Path({str(flag)!r}).write_text("
                             "os.environ['POOL_TEST'])"], tmp_path / "logs" / "writes.log", env={"POOL_TEST": "x"})
     assert run_jobs([waits, writes], workers=2, poll_seconds=0.05, say=lambda _: None) == {"writes": 0, "waits": 0}
     assert flag.read_text() == "x" and made == ["before"]
-    never = job(tmp_path, "never", ready=lambda: False)
+    never = job(tmp_path, "never", ready=lambda ended: False)
     assert run_jobs([never], workers=1, poll_seconds=0.05, say=lambda _: None) == {"never": -1}
 
 

@@ -320,10 +320,16 @@ def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkey
              for f in ("top_p", "none") for s in range(3)]  # rate 0.8: main's runs, not twice
     gradients = [f"frozenlake/none-{a}-ent{r}/seed0" for a in ("ppo", "grpo") for r in ("0.001-kl0.01", "0.01-kl0.1")]
     assert list(jobs) == main + noise + gradients
-    first, second = jobs["frozenlake/top_p-grpo/seed0"], jobs["frozenlake/top_p-grpo/seed1"]
-    assert first.ready() and not second.ready()  # the first run validates the initial policy; the rest wait
+    first, second, other = (jobs[f"frozenlake/{arm}/seed{s}"]
+                            for arm, s in (("top_p-grpo", 0), ("top_p-grpo", 1), ("none-grpo", 0)))
+    assert first.ready({}) and not second.ready({}) and not other.ready({})  # the first validates the start
     (tmp_path / "frozenlake" / "start_validation.json").write_text("{}")
-    assert second.ready()
+    assert other.ready({}) and not second.ready({})  # the first of its arm; the second waits for its compile
+    fake_run(tmp_path / "frozenlake" / "top_p-grpo" / "seed0", 140, [{"step": 0}, {"step": 1}])
+    assert second.ready({})
+    (tmp_path / "frozenlake" / "top_p-grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"st')
+    assert reproduce.last_step(tmp_path / "frozenlake" / "top_p-grpo" / "seed0") == 1  # a line being written
+    assert jobs[noise[1]].ready({first.name: 0}) is False and jobs[noise[1]].ready({noise[0]: 1})  # ended: go on
     assert jobs["frozenlake/top_k-grpo/seed3"].after == tuple(f"frozenlake/top_p-grpo/seed{s}" for s in range(5))
     assert jobs["frozenlake/none-grpo/seed0"].after == () and noise[0] in jobs and not jobs[noise[0]].after
     argv = jobs["frozenlake/top_k-grpo/seed3"].argv

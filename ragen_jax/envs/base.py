@@ -1,189 +1,24 @@
-"""The functional environment interface every ragen_jax environment follows.
+"""The environment interface: a game (`game.py`) and its text view (`text_view.py`) in one class.
 
-An environment object holds no state: `reset` and `step` are pure functions of pytrees
-(gymnax style), so they jit, vmap and live inside one XLA graph with the model. Parameters
-are a frozen, hashable dataclass whose fields are static (they fix array shapes).
-
-Conventions shared by all environments:
-- actions are int32 1..len(action_names); anything else is an invalid action, a no-op
-  that still counts as a step (gym-sokoban's action 0);
-- stepping a finished episode changes nothing and returns reward 0 and done=True;
-- `info` carries `success`, `action_is_valid`, `action_is_effective` and `truncated`;
-- `symbol_grid(state, params)` gives the int32 grid of symbol ids that both the host-side
-  `render_text` and the in-graph text codec render from `symbols`.
-
-Two kinds of answer (`answer_kind`); the rollout hands every answer to the env through one
-hook, `read_answer` (per row) then `play_answers` (batched). "actions" (Sokoban, FrozenLake):
-the answer is parsed into action ids and `step` runs once per action. "text" (Countdown, QA,
-`TextAnswerEnvironment`): the env reads the answer itself, `step_text` with the bytes of the
-`<answer>` group.
-The state is shown to the policy as token ids from `state_tokens`: for the board games the
-codec's board pieces; an env with other text overrides it and builds the token tables it
-needs on the host once (`text_tables(tokenizer)`, kept in `TextCodec.env_tables`).
+The rollout, the train step and the codec take an `Environment`: `reset`, `step`,
+`symbol_grid` and the rest of the dynamics come from `Game`; `state_tokens`, `read_answer`,
+`play_answers`, `render_text` and the rest of the text from `TextView`. A board game defines
+the two apart (`sokoban/`, `frozenlake/`: `game.py` and `text.py`) and joins them in its
+package as `class Name(NameText, NameGame, Environment)`. A game whose move is a text answer
+(Countdown, QA) is a `TextAnswerEnvironment`, one class in one file: there the answer text is
+the move, so the reading is the game.
 """
 
-from __future__ import annotations
+from ragen_jax.envs.game import Game, Info, is_valid_action, keep_where
+from ragen_jax.envs.text_view import AnswerSteps, TextAnswerView, TextView, format_cells
 
-from typing import Any, Callable, NamedTuple
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from ragen_jax.text.codec import answer_text, parse_answer
-
-Info = dict[str, jax.Array]
+__all__ = ["AnswerSteps", "Environment", "Game", "Info", "TextAnswerEnvironment", "TextAnswerView", "TextView",
+           "format_cells", "is_valid_action", "keep_where"]
 
 
-class AnswerSteps(NamedTuple):
-    """What a batch of answers did to a batch of episodes (`Environment.play_answers`)."""
-
-    states: Any
-    reward: jax.Array  # f32[B] env rewards of the steps taken
-    taken: jax.Array  # int32[B] actions taken in each episode so far
-    valid: jax.Array  # bool[B] the answer was well formed (False: the rollout's format penalty)
-    actions: jax.Array  # int32[B, max_actions_per_turn] the parsed actions (0: none; text answers: all 0)
+class Environment(TextView, Game):
+    """A game together with the text the policy reads and writes for it."""
 
 
-class Environment:
-    """Base class; subclasses set the class attributes and implement the methods."""
-
-    name: str = ""
-    action_names: tuple[str, ...] = ()  # action k (1-based) is action_names[k - 1]
-    symbols: tuple[str, ...] = ()  # symbol id -> the text drawn for that cell
-    render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this env offers
-    answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": TextAnswerEnvironment
-    max_answer_bytes: int = 0  # "text" envs: the longest answer group `step_text` reads
-
-    def default_params(self) -> Any:
-        raise NotImplementedError
-
-    def reset(self, key: jax.Array, params: Any) -> Any:
-        raise NotImplementedError
-
-    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any):
-        raise NotImplementedError
-
-    def reset_batch(self, keys: jax.Array, params: Any) -> Any:
-        """A batch of fresh episodes, one per key (environments may do better than vmap)."""
-        return jax.vmap(self.reset, in_axes=(0, None))(keys, params)
-
-    def step_text(self, key: jax.Array, state: Any, answer: jax.Array, length: jax.Array, params: Any,
-                  tables: dict):
-        """`answer_kind == "text"`: step with the answer's bytes (uint8[max_answer_bytes], valid
-        up to `length`) and the env's `text_tables`. `info["action_is_valid"]` False means a
-        malformed answer: the rollout applies the format penalty and keeps the old state."""
-        raise NotImplementedError
-
-    def read_answer(self, codec, text: jax.Array, length: jax.Array):
-        """One generation's answer, from its bytes (uint8[n], valid up to `length`), in the form
-        `play_answers` takes: (actions int32[M], count, format_ok) by the codec's answer parser."""
-        return parse_answer(codec, text, length)
-
-    def play_answers(self, answers, states: Any, active: jax.Array, taken: jax.Array,
-                     step_keys: Callable[[int, jax.Array], jax.Array], params: Any, codec,
-                     max_actions_per_turn: int, max_actions: int) -> AnswerSteps:
-        """Step a batch of episodes with their answers (`read_answer`'s, batched): each parsed
-        action in order while the row is `active`, its answer well formed, its episode running
-        and fewer than `max_actions` actions taken. `step_keys(k, taken)`: the env keys [B] of
-        every row's k-th action this turn, the `taken`-th of its episode."""
-        actions, num_parsed, format_ok = answers
-        step = jax.vmap(self.step, in_axes=(0, 0, 0, None))
-        reward = jnp.zeros(taken.shape[0], jnp.float32)
-        for k in range(max_actions_per_turn):
-            go = active & format_ok & (k < num_parsed) & ~states.done & (taken < max_actions)
-            stepped, r, _, _ = step(step_keys(k, taken), states, actions[:, k], params)
-            states = keep_where(go, stepped, states)
-            reward = reward + jnp.where(go, r, 0.0)
-            taken = taken + go
-        return AnswerSteps(states, reward, taken, format_ok, actions)
-
-    def symbol_grid(self, state: Any, params: Any) -> jax.Array:
-        raise NotImplementedError
-
-    def text_tables(self, tokenizer) -> dict:
-        """Host-built arrays (token ids of text pieces, datasets) `state_tokens` and `step_text`
-        read in the graph; they travel in `TextCodec.env_tables`. None for the board games."""
-        return {}
-
-    def state_tokens(self, state: Any, params: Any, codec) -> tuple[jax.Array, jax.Array]:
-        """The state's text followed by a newline, as token ids: (ids int32[n], mask), valid
-        first, n static. Equals `tokenizer.encode(render_text(state, params) + "\n")`."""
-        from ragen_jax.text.codec import render_observation
-
-        return render_observation(codec, self.symbol_grid(state, params), final_newline=True)
-
-    def boundary_samples(self) -> list[str]:
-        """State texts the prompt builder tokenizes in context to check that the state's tokens
-        start and end at pre-token boundaries (every symbol at the board's start and end)."""
-        return [f"{s} {s}" for s in self.symbols]
-
-    def instructions(self) -> str:
-        """The rules and symbol legend for the system prompt (the prompt lists the actions itself)."""
-        raise NotImplementedError
-
-    @property
-    def num_actions(self) -> int:
-        return len(self.action_names)
-
-    def render_grid(self, state: Any, params: Any) -> str:
-        """Host-side text of the board: cells separated by spaces, rows by newlines.
-
-        Space-separated cells make every cell its own pre-token under Qwen2's
-        pre-tokenizer, which is what lets the in-graph codec reproduce
-        `tokenizer.encode(text)` piece by piece (docs/architecture.md#text-in-the-graph).
-        """
-        grid = np.asarray(jax.device_get(self.symbol_grid(state, params)))
-        return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)
-
-    def render_text(self, state: Any, params: Any, fmt: str = "grid") -> str:
-        """The board as the agent reads it: `grid`, or `grid_coord` (coordinate lines, then grid)."""
-        if fmt not in self.render_formats:
-            raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: {self.render_formats}")
-        grid = self.render_grid(state, params)
-        if fmt == "grid":
-            return grid
-        return "\n".join(self.coordinate_lines(state, params)) + "\n" + grid
-
-    def coordinate_lines(self, state: Any, params: Any) -> list[str]:
-        """The `grid_coord` header lines (environments that offer that format define them)."""
-        raise NotImplementedError
-
-
-class TextAnswerEnvironment(Environment):
-    """An environment that reads its answer as text (Countdown, QA): one `step_text` per answer,
-    with the bytes of the `<answer>` group; a readable answer counts as one action."""
-
-    answer_kind = "text"
-
-    def read_answer(self, codec, text: jax.Array, length: jax.Array):
-        """(answer bytes uint8[max_answer_bytes], length, matched): the `<answer>` group's text."""
-        return answer_text(text, length, self.max_answer_bytes)
-
-    def play_answers(self, answers, states, active, taken, step_keys, params, codec, max_actions_per_turn,
-                     max_actions) -> AnswerSteps:
-        """One `step_text` per row; the answer is valid when it matched the answer format and
-        the env could read it (`info["action_is_valid"]`)."""
-        answer, answer_len, matched = answers
-        step_text = jax.vmap(self.step_text, in_axes=(0, 0, 0, 0, None, None))
-        stepped, r, _, info = step_text(step_keys(0, taken), states, answer, answer_len, params, codec.env_tables)
-        valid = matched & info["action_is_valid"]
-        go = active & valid & ~states.done & (taken < max_actions)
-        states = keep_where(go, stepped, states)
-        actions = jnp.zeros((taken.shape[0], max_actions_per_turn), jnp.int32)
-        return AnswerSteps(states, jnp.where(go, r, 0.0), taken + go, valid, actions)
-
-
-def keep_where(rows: jax.Array, new: Any, old: Any) -> Any:
-    """`new` in the rows where `rows` (bool[B]) is set, `old` elsewhere, leaf by leaf."""
-    return jax.tree.map(lambda n, o: jnp.where(rows.reshape(rows.shape + (1,) * (n.ndim - 1)), n, o), new, old)
-
-
-def format_cells(mask) -> str:
-    """`(row, col)` of every true cell, 0-based, comma-separated (the `grid_coord` lists)."""
-    return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(np.asarray(mask))))
-
-
-def is_valid_action(action: jax.Array, num_actions: int) -> jax.Array:
-    return (action >= 1) & (action <= num_actions)
-
+class TextAnswerEnvironment(TextAnswerView, Environment):
+    """A game played by text answers (Countdown, QA): `step_text` reads the answer and moves."""

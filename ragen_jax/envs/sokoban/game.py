@@ -1,12 +1,14 @@
-"""The Sokoban game: push every box onto a target, with gym-sokoban's rules and rewards."""
+"""The Sokoban game: push every box onto a target, with gym-sokoban's rules and rewards.
+
+The dynamics only: `text.py` is how the policy reads the board, and the package joins the two
+as `Sokoban`."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ragen_jax.envs.base import Environment, Info, format_cells, is_valid_action
+from ragen_jax.envs.game import Game, Info, is_valid_action
 from ragen_jax.envs.sokoban.board import (BOX, BOX_ON_TARGET, FLOOR, MOVES, PLAYER, PLAYER_ON_TARGET, SIMPLE_SOKOBAN,
                                           TARGET, SokobanParams, SokobanState)
 from ragen_jax.envs.sokoban.generator import generate_level, generate_levels
@@ -24,13 +26,11 @@ def _count_empty_targets(room_fixed: jax.Array, room_state: jax.Array) -> jax.Ar
     return (visible | under_player).sum()
 
 
-class Sokoban(Environment):
+class SokobanGame(Game):
     """Push every box onto a target. Rewards, pushes and limits exactly as gym-sokoban."""
 
     name = "sokoban"
     action_names = ("Up", "Down", "Left", "Right")
-    symbols = ("#", "_", "O", "√", "X", "P", "S")
-    render_formats = ("grid", "grid_coord")
 
     def default_params(self) -> SokobanParams:
         return SIMPLE_SOKOBAN
@@ -126,25 +126,3 @@ class Sokoban(Environment):
     def symbol_grid(self, state: SokobanState, params: SokobanParams) -> jax.Array:
         on_target = (state.room_state == PLAYER) & (state.room_fixed == TARGET)
         return jnp.where(on_target, PLAYER_ON_TARGET, state.room_state)
-
-    def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        rows, cols = fixed.shape
-        return [
-            f"Board size: {rows} rows x {cols} cols",
-            f"Targets: {format_cells(fixed == TARGET)}",
-            f"Boxes: {format_cells((room == BOX) | (room == BOX_ON_TARGET))}",
-            f"Player: {format_cells(room == PLAYER)}",
-        ]
-
-    def instructions(self) -> str:
-        return (
-            "You are solving the Sokoban puzzle. You are the player and you need to push all "
-            "boxes onto targets. When you are right next to a box, you can push it by moving in "
-            "the same direction. You cannot push a box through a wall, and you cannot pull a box. "
-            "The symbols are: # wall, _ empty floor, O target, X box, √ box on target, P player, "
-            "S player on a target."
-        )
-
-
-SOKOBAN = Sokoban()

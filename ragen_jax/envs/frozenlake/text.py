@@ -1,0 +1,32 @@
+"""FrozenLake as the policy reads it: the board's symbols, its coordinate lines and the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ragen_jax.envs.frozenlake.maps import FrozenLakeParams, FrozenLakeState
+from ragen_jax.envs.text_view import TextView, format_cells
+
+
+class FrozenLakeText(TextView):
+    """The text view of `FrozenLakeGame`; symbol ids are `game.py`'s (`FROZEN`, `HOLE`, ...)."""
+
+    symbols = ("_", "O", "G", "P", "X", "√")
+    render_formats = ("grid", "grid_coord")
+
+    def coordinate_lines(self, state: FrozenLakeState, params: FrozenLakeParams) -> list[str]:
+        goal, player = np.asarray(state.goal), np.asarray(state.player)
+        return [
+            f"Board size: {params.size} rows x {params.size} cols",
+            f"Goal: ({goal[0]}, {goal[1]})",
+            f"Holes: {format_cells(state.holes) or 'none'}",
+            f"Player: ({player[0]}, {player[1]})",
+        ]
+
+    def instructions(self) -> str:
+        return (
+            "You are walking on a frozen lake. Reach the goal without falling into a hole. The ice "
+            "is slippery: you may move in a direction perpendicular to the one you chose. "
+            "The symbols are: _ frozen tile, O hole, G goal, P player, X player in a hole, "
+            "√ player on the goal."
+        )

@@ -1,0 +1,42 @@
+"""Sokoban as the policy reads it: the board's symbols, its coordinate lines and the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ragen_jax.envs.sokoban.board import (
+    BOX,
+    BOX_ON_TARGET,
+    PLAYER,
+    TARGET,
+    SokobanParams,
+    SokobanState,
+)
+from ragen_jax.envs.text_view import TextView, format_cells
+
+
+class SokobanText(TextView):
+    """The text view of `SokobanGame`. Symbol ids are `board.py`'s cell codes: gym-sokoban's,
+    and `PLAYER_ON_TARGET`."""
+
+    symbols = ("#", "_", "O", "√", "X", "P", "S")
+    render_formats = ("grid", "grid_coord")
+
+    def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
+        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
+        rows, cols = fixed.shape
+        return [
+            f"Board size: {rows} rows x {cols} cols",
+            f"Targets: {format_cells(fixed == TARGET)}",
+            f"Boxes: {format_cells((room == BOX) | (room == BOX_ON_TARGET))}",
+            f"Player: {format_cells(room == PLAYER)}",
+        ]
+
+    def instructions(self) -> str:
+        return (
+            "You are solving the Sokoban puzzle. You are the player and you need to push all "
+            "boxes onto targets. When you are right next to a box, you can push it by moving in "
+            "the same direction. You cannot push a box through a wall, and you cannot pull a box. "
+            "The symbols are: # wall, _ empty floor, O target, X box, √ box on target, P player, "
+            "S player on a target."
+        )

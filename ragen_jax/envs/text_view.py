@@ -1,0 +1,152 @@
+"""The text view: what the policy reads and writes, for a game (`ragen_jax.envs.game`).
+
+A text view holds no dynamics of its own: it is combined with a game in one class
+(`ragen_jax.envs.base.Environment`) and calls the game's `step`, `symbol_grid` and `name`.
+
+A state becomes tokens: the rollout shows the policy `state_tokens(state, params, codec)`, the
+state's text followed by a newline as token ids. For a board game that is the codec's board
+pieces, the symbols of `symbol_grid` (`symbols` says how each is written); a view with other
+text overrides it and builds the token tables it needs on the host once
+(`text_tables(tokenizer)`, kept in `TextCodec.env_tables`). `render_text` is the same text on
+the host.
+
+An answer becomes steps: the rollout hands every answer to the view through one hook,
+`read_answer` (per row) then `play_answers` (batched). Two kinds of answer (`answer_kind`):
+"actions" (Sokoban, FrozenLake): the answer is parsed into action ids and `step` runs once per
+action. "text" (Countdown, QA, `TextAnswerView`): the game reads the answer itself, `step_text`
+with the bytes of the `<answer>` group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.envs.game import keep_where
+from ragen_jax.text.codec import answer_text, parse_answer
+
+
+class AnswerSteps(NamedTuple):
+    """What a batch of answers did to a batch of episodes (`TextView.play_answers`)."""
+
+    states: Any
+    reward: jax.Array  # f32[B] env rewards of the steps taken
+    taken: jax.Array  # int32[B] actions taken in each episode so far
+    valid: jax.Array  # bool[B] the answer was well formed (False: the rollout's format penalty)
+    actions: jax.Array  # int32[B, max_actions_per_turn] the parsed actions (0: none; text answers: all 0)
+
+
+class TextView:
+    """Base class of the text view; subclasses set the class attributes and implement the methods."""
+
+    symbols: tuple[str, ...] = ()  # symbol id -> the text drawn for that cell
+    render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this view offers
+    answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": TextAnswerView
+    max_answer_bytes: int = 0  # "text" views: the longest answer group `step_text` reads
+
+    def step_text(self, key: jax.Array, state: Any, answer: jax.Array, length: jax.Array, params: Any,
+                  tables: dict):
+        """`answer_kind == "text"`: step with the answer's bytes (uint8[max_answer_bytes], valid
+        up to `length`) and the view's `text_tables`. `info["action_is_valid"]` False means a
+        malformed answer: the rollout applies the format penalty and keeps the old state."""
+        raise NotImplementedError
+
+    def read_answer(self, codec, text: jax.Array, length: jax.Array):
+        """One generation's answer, from its bytes (uint8[n], valid up to `length`), in the form
+        `play_answers` takes: (actions int32[M], count, format_ok) by the codec's answer parser."""
+        return parse_answer(codec, text, length)
+
+    def play_answers(self, answers, states: Any, active: jax.Array, taken: jax.Array,
+                     step_keys: Callable[[int, jax.Array], jax.Array], params: Any, codec,
+                     max_actions_per_turn: int, max_actions: int) -> AnswerSteps:
+        """Step a batch of episodes with their answers (`read_answer`'s, batched): each parsed
+        action in order while the row is `active`, its answer well formed, its episode running
+        and fewer than `max_actions` actions taken. `step_keys(k, taken)`: the env keys [B] of
+        every row's k-th action this turn, the `taken`-th of its episode."""
+        actions, num_parsed, format_ok = answers
+        step = jax.vmap(self.step, in_axes=(0, 0, 0, None))
+        reward = jnp.zeros(taken.shape[0], jnp.float32)
+        for k in range(max_actions_per_turn):
+            go = active & format_ok & (k < num_parsed) & ~states.done & (taken < max_actions)
+            stepped, r, _, _ = step(step_keys(k, taken), states, actions[:, k], params)
+            states = keep_where(go, stepped, states)
+            reward = reward + jnp.where(go, r, 0.0)
+            taken = taken + go
+        return AnswerSteps(states, reward, taken, format_ok, actions)
+
+    def text_tables(self, tokenizer) -> dict:
+        """Host-built arrays (token ids of text pieces, datasets) `state_tokens` and `step_text`
+        read in the graph; they travel in `TextCodec.env_tables`. None for the board games."""
+        return {}
+
+    def state_tokens(self, state: Any, params: Any, codec) -> tuple[jax.Array, jax.Array]:
+        """The state's text followed by a newline, as token ids: (ids int32[n], mask), valid
+        first, n static. Equals `tokenizer.encode(render_text(state, params) + "\n")`."""
+        from ragen_jax.text.codec import render_observation
+
+        return render_observation(codec, self.symbol_grid(state, params), final_newline=True)
+
+    def boundary_samples(self) -> list[str]:
+        """State texts the prompt builder tokenizes in context to check that the state's tokens
+        start and end at pre-token boundaries (every symbol at the board's start and end)."""
+        return [f"{s} {s}" for s in self.symbols]
+
+    def instructions(self) -> str:
+        """The rules and symbol legend for the system prompt (the prompt lists the actions itself)."""
+        raise NotImplementedError
+
+    def render_grid(self, state: Any, params: Any) -> str:
+        """Host-side text of the board: cells separated by spaces, rows by newlines.
+
+        Space-separated cells make every cell its own pre-token under Qwen2's
+        pre-tokenizer, which is what lets the in-graph codec reproduce
+        `tokenizer.encode(text)` piece by piece (docs/architecture.md#text-in-the-graph).
+        """
+        grid = np.asarray(jax.device_get(self.symbol_grid(state, params)))
+        return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)
+
+    def render_text(self, state: Any, params: Any, fmt: str = "grid") -> str:
+        """The board as the agent reads it: `grid`, or `grid_coord` (coordinate lines, then grid)."""
+        if fmt not in self.render_formats:
+            raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: {self.render_formats}")
+        grid = self.render_grid(state, params)
+        if fmt == "grid":
+            return grid
+        return "\n".join(self.coordinate_lines(state, params)) + "\n" + grid
+
+    def coordinate_lines(self, state: Any, params: Any) -> list[str]:
+        """The `grid_coord` header lines (views that offer that format define them)."""
+        raise NotImplementedError
+
+
+class TextAnswerView(TextView):
+    """The view of a game that reads its answer as text (Countdown, QA): one `step_text` per
+    answer, with the bytes of the `<answer>` group; a readable answer counts as one action."""
+
+    answer_kind = "text"
+
+    def read_answer(self, codec, text: jax.Array, length: jax.Array):
+        """(answer bytes uint8[max_answer_bytes], length, matched): the `<answer>` group's text."""
+        return answer_text(text, length, self.max_answer_bytes)
+
+    def play_answers(self, answers, states, active, taken, step_keys, params, codec, max_actions_per_turn,
+                     max_actions) -> AnswerSteps:
+        """One `step_text` per row; the answer is valid when it matched the answer format and
+        the game could read it (`info["action_is_valid"]`)."""
+        answer, answer_len, matched = answers
+        step_text = jax.vmap(self.step_text, in_axes=(0, 0, 0, 0, None, None))
+        stepped, r, _, info = step_text(step_keys(0, taken), states, answer, answer_len, params, codec.env_tables)
+        valid = matched & info["action_is_valid"]
+        go = active & valid & ~states.done & (taken < max_actions)
+        states = keep_where(go, stepped, states)
+        actions = jnp.zeros((taken.shape[0], max_actions_per_turn), jnp.int32)
+        return AnswerSteps(states, jnp.where(go, r, 0.0), taken + go, valid, actions)
+
+
+def format_cells(mask) -> str:
+    """`(row, col)` of every true cell, 0-based, comma-separated (the `grid_coord` lists)."""
+    return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(np.asarray(mask))))

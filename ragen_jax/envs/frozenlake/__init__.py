@@ -3,8 +3,19 @@ jit (`maps.py`), and the text the policy reads (`text.py`); `FrozenLake` joins t
 text into one environment."""
 
 from ragen_jax.envs.base import Environment
-from ragen_jax.envs.frozenlake.game import FrozenLakeGame, moves_into_holes
+from ragen_jax.envs.frozenlake.game import (
+    GOAL,
+    HOLE,
+    MOVES,
+    PLAYER,
+    PLAYER_IN_HOLE,
+    PLAYER_ON_GOAL,
+    FROZEN,
+    FrozenLakeGame,
+    moves_into_holes,
+)
 from ragen_jax.envs.frozenlake.maps import (
+    DESC_LETTERS,
     FrozenLakeParams,
     FrozenLakeState,
     generate_map,
@@ -20,5 +31,6 @@ class FrozenLake(FrozenLakeText, FrozenLakeGame, Environment):
 
 FROZENLAKE = FrozenLake()
 
-__all__ = ["FROZENLAKE", "FrozenLake", "FrozenLakeGame", "FrozenLakeParams", "FrozenLakeState", "FrozenLakeText",
-           "generate_map", "moves_into_holes", "reachable", "sample_map"]
+__all__ = ["DESC_LETTERS", "FROZEN", "FROZENLAKE", "GOAL", "HOLE", "MOVES", "PLAYER", "PLAYER_IN_HOLE", "PLAYER_ON_GOAL",
+           "FrozenLake", "FrozenLakeGame", "FrozenLakeParams", "FrozenLakeState", "FrozenLakeText", "generate_map",
+           "moves_into_holes", "reachable", "sample_map"]

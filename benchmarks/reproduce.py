@@ -43,7 +43,8 @@ is rewritten from the finished runs, so each table lands as soon as its runs are
 statistics live in `ragen_jax.analysis.study` (tested against independent references).
 With `--jobs N` (`job_pool.py`) each run is this script for that run alone, N at a time, its
 output in `<out>/logs/`; runs of an env start once its first run has validated the initial
-policy, and Top-k once the Top-p runs it is matched to are done.
+policy, a seed once the first run of its arm has trained a step (its programs are then in the
+compilation cache), and Top-k once the Top-p runs it is matched to are done.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The reproduction study (benchmarks/reproduce.py study) on one CUDA card, for as long as allowed:
 #   bash benchmarks/gpu_study.sh OUT_DIR [JOBS] [SECONDS] [STUDY_DIR]
-# JOBS runs at a time share the card (default 10); after SECONDS (default 540) the runs are
+# JOBS runs at a time share the card (default 8: on an 80 GB card ten ran out of memory, each run
+# holding up to 5 GiB with 3 GiB more for a validation); after SECONDS (default 540) the runs are
 # stopped (they resume from their last checkpoint when started again with the same STUDY_DIR).
 # Every 30 s, and at the end, OUT_DIR/study.tar.gz is rewritten with what `reproduce.py report`
 # reads (metrics, configs, start validations, matched k, the report) and the runs' logs;
 # checkpoints stay in STUDY_DIR (default /tmp/study).
 set -u
 out=${1:?usage: gpu_study.sh OUT_DIR [JOBS] [SECONDS] [STUDY_DIR]}
-jobs=${2:-10}
+jobs=${2:-8}
 budget=${3:-540}
 study=${4:-/tmp/study}
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reproduction study (benchmarks/reproduce.py study) on one CUDA card, for as long as allowed:
 #   bash benchmarks/gpu_study.sh OUT_DIR [JOBS] [SECONDS] [STUDY_DIR]
-# JOBS runs at a time share the card (default 8: on an 80 GB card ten ran out of memory, each run
+# JOBS runs at a time share the card (default 8: of ten on an 80 GB card one ran out of memory, a run
 # holding up to 5 GiB with 3 GiB more for a validation); after SECONDS (default 540) the runs are
 # stopped (they resume from their last checkpoint when started again with the same STUDY_DIR).
 # Every 30 s, and at the end, OUT_DIR/study.tar.gz is rewritten with what `reproduce.py report`

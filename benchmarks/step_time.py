@@ -2,8 +2,9 @@
 
     python benchmarks/step_time.py --config configs/sokoban_tiny.py [--steps 8] [--set algo.micro_batch_size=8 ...]
 
-One process, one setting: the rollout alone (jitted, best and median of 3 calls after a
-warm-up), then the whole train step, printed step by step after a warm-up step (step 1 also
+One process, one setting, on the devices `python -m ragen_jax.train` would use (on a CPU one jax
+device per core; `XLA_FLAGS=--xla_force_host_platform_device_count=1` keeps one): the rollout
+alone (jitted, best and median of 3 calls after a warm-up), then the whole train step, printed step by step after a warm-up step (step 1 also
 compiles and runs the diagnostics) with the rows the filter kept and the forward/backward
 passes the update ran. Compare settings in separate runs on a quiet machine; the same seed
 gives the same rollouts and kept rows in each.
@@ -26,6 +27,10 @@ def main(argv=None) -> int:
     parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=8)
     args = parser.parse_args(argv)
     config = reproduce.command_config(parser, args)
+    from ragen_jax.run import host_devices
+
+    if count := host_devices.split_host(config):  # before jax starts, as `train` does
+        print(host_devices.note(count), file=sys.stderr)
 
     import jax
 

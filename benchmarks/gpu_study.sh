@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_study.sh OUT_DIR [JOBS] [SECONDS] [STUDY_DIR]
 # JOBS runs at a time share the card (default 8: of ten on an 80 GB card one ran out of memory, a run
 # holding up to 5 GiB with 3 GiB more for a validation); after SECONDS (default 540) the runs are
-# stopped (they resume from their last checkpoint when started again with the same STUDY_DIR).
+# stopped: each ends after its current step (a first step compiles: minutes) with a checkpoint, and
+# resumes from it when started again with the same STUDY_DIR.
 # Every 30 s, and at the end, OUT_DIR/study.tar.gz is rewritten with what `reproduce.py report`
 # reads (metrics, configs, start validations, matched k, the report) and the runs' logs;
 # checkpoints stay in STUDY_DIR (default /tmp/study).
@@ -30,9 +31,8 @@ while kill -0 $pid 2>/dev/null && [ $SECONDS -lt "$budget" ]; do
   pack
   [ $SECONDS -ge 90 ] && [ $SECONDS -lt 121 ] && nvidia-smi >>"$out/card.txt" 2>&1
 done
-pkill -TERM -P $pid 2>/dev/null
-kill -TERM $pid 2>/dev/null
-sleep 5
+kill -TERM $pid 2>/dev/null  # the pool passes it on: each running run saves a checkpoint and ends
+wait $pid
 pack
 tail -5 "$out/pool.log"
 echo "gpu_study: ${SECONDS}s, $(grep -c ' done ' "$out/pool.log") runs done"

@@ -10,7 +10,9 @@ one accelerator. A job whose prerequisite failed is not started; the others go o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,18 +31,51 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
 
 
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM reached the pool: its running jobs were sent SIGTERM and have ended."""
+
+    def __init__(self, exit_code: int, jobs: list[str]):
+        super().__init__(f"stopped with {len(jobs)} jobs running")
+        self.exit_code, self.jobs = exit_code, jobs
+
+
 def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print) -> dict[str, int]:
     """Run `jobs`, at most `workers` at once, each in list order as soon as its prerequisites
-    succeeded and `ready(ended jobs' codes)` holds. Returns {name: exit code}; a job never started because a
-    prerequisite failed gets -1. `say` gets one line per start and end."""
+    succeeded and `ready` holds. Returns {name: exit code}; a job never started because a
+    prerequisite failed gets -1. `say` gets one line per start and end. On Ctrl-C or SIGTERM the
+    running jobs get SIGTERM (a train run then saves a checkpoint), the pool waits for them and
+    raises `Stopped` (exit code 130 or 143, the jobs that were running)."""
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError("job names must be unique")
     unknown = {a for job in jobs for a in job.after} - set(names)
     if unknown:
         raise ValueError(f"jobs wait for unknown jobs: {sorted(unknown)}")
-    waiting = list(jobs)
     running: dict[str, tuple[subprocess.Popen, float, object]] = {}
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_stopped) if on_main_thread else None
+    try:
+        return _run(list(jobs), workers, poll_seconds, say, running)
+    except (KeyboardInterrupt, Stopped) as stop:
+        for process, _, _ in running.values():
+            if process.poll() is None:
+                process.terminate()
+        for process, _, log in running.values():
+            process.wait()
+            log.close()
+        raise Stopped(143 if isinstance(stop, Stopped) else 130, sorted(running)) from None
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(143, [])
+
+
+def _run(waiting: list[Job], workers: int, poll_seconds: float, say, running: dict) -> dict[str, int]:
+    """`run_jobs`' loop: `running` (name -> process, start time, log) is the caller's, so that a
+    stop can reach the processes."""
     codes: dict[str, int] = {}
     start = time.monotonic()
     while waiting or running:
@@ -66,9 +101,9 @@ def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print
             running[job.name] = (process, time.monotonic(), log)
             waiting.remove(job)
             say(f"[{time.monotonic() - start:7.0f}s] start {job.name}")
-        if running and (waiting or running):
+        if running:
             time.sleep(poll_seconds)
-        elif waiting and not running:
+        elif waiting:
             # nothing runs and nothing can start: a `ready` that never holds
             for job in waiting:
                 codes[job.name] = -1

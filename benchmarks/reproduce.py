@@ -448,9 +448,15 @@ def study_jobs(args, parts) -> list:
 
 def study_in_parallel(args, parts) -> None:
     """The runs of `parts` as `args.jobs` processes at a time; the report once they are done."""
-    from job_pool import run_jobs
+    from job_pool import Stopped, run_jobs
 
-    codes = run_jobs(study_jobs(args, parts), args.jobs, say=lambda line: print(line, flush=True))
+    try:
+        codes = run_jobs(study_jobs(args, parts), args.jobs, say=lambda line: print(line, flush=True))
+    except Stopped as stop:
+        write_report(args.out)
+        print(f"stopped: the runs that were running ({', '.join(stop.jobs) or 'none'}) got SIGTERM and ended, "
+              "each after saving a checkpoint; the same command resumes the study", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
     write_report(args.out)
     failed = sorted(name for name, code in codes.items() if code != 0)
     if failed:

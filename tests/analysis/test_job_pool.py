@@ -1,7 +1,11 @@
 """benchmarks/job_pool.py: jobs start in order, never more than the workers at once, after the
-jobs they wait for; a failed job's dependants are skipped and the rest go on."""
+jobs they wait for; a failed job's dependants are skipped and the rest go on; a stopped pool
+stops its jobs gently."""
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +71,33 @@ def test_bad_plans_are_refused(tmp_path):
         run_jobs([job(tmp_path, "a"), job(tmp_path, "a")], workers=1)
     with pytest.raises(ValueError, match="unknown jobs: \\['z'\\]"):
         run_jobs([job(tmp_path, "a", after=("z",))], workers=1)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_pool_passes_sigterm_to_its_jobs_and_waits_for_them(tmp_path, signum, code):
+    """SIGTERM or Ctrl-C to the pool alone: each running job gets SIGTERM (here it writes a file
+    and exits 143, as a train run saves a checkpoint and does), the pool waits and says Stopped."""
+    job_code = ("import pathlib, signal, sys, time\n"
+                "def bye(*_):\n"
+                f"    pathlib.Path({str(tmp_path)!r}, sys.argv[1]).write_text('saved'); sys.exit(143)\n"
+                "signal.signal(signal.SIGTERM, bye)\n"
+                f"pathlib.Path({str(tmp_path)!r}, sys.argv[1] + '.up').write_text('')\n"
+                "time.sleep(60)\n")
+    pool_code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+                 "from pathlib import Path\n"
+                 "from job_pool import Job, Stopped, run_jobs\n"
+                 f"jobs = [Job(n, [sys.executable, '-c', {job_code!r}, n], Path({str(tmp_path)!r}, n + '.log')) "
+                 "for n in ('a', 'b', 'c')]\n"
+                 "try:\n"
+                 "    run_jobs(jobs, workers=2, poll_seconds=0.05, say=lambda _: None)\n"
+                 "except Stopped as stop:\n"
+                 "    print(stop.jobs); sys.exit(stop.exit_code)\n")
+    pool = subprocess.Popen([sys.executable, "-c", pool_code], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"{n}.up").exists() for n in "ab") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pool.send_signal(signum)
+    out, _ = pool.communicate(timeout=60)
+    assert pool.returncode == code and out.strip() == "['a', 'b']"
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "saved"
+    assert not (tmp_path / "c.up").exists()  # never started

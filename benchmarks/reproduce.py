@@ -160,6 +160,12 @@ def finished(workdir: Path, steps: int) -> bool:
     return last_step(workdir) >= steps
 
 
+def run_finished(workdir: Path) -> bool:
+    """Whether the run in `workdir` logged its config's last step (no config: not started)."""
+    config = workdir / "config.json"
+    return config.exists() and finished(workdir, json.loads(config.read_text())["train"]["steps"])
+
+
 def write_whole(path: Path, text: str) -> None:
     """`text` into `path` through a temporary file, so a parallel reader sees all of it or none."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -255,13 +261,7 @@ def run_arm(args, env: str, arm: str, seeds, overrides: dict[str, str]) -> None:
 
 def finished_runs(arm_dir: Path) -> list[list[dict]]:
     """The records of every finished run (last logged step = its config's train.steps) of an arm."""
-    runs = []
-    for workdir in sorted(arm_dir.glob("seed*")):
-        if (workdir / "config.json").exists() and (workdir / "metrics.jsonl").exists():
-            steps = json.loads((workdir / "config.json").read_text())["train"]["steps"]
-            if finished(workdir, steps):
-                runs.append(_records(workdir))
-    return runs
+    return [_records(workdir) for workdir in sorted(arm_dir.glob("seed*")) if run_finished(workdir)]
 
 
 def matched_k(args, env: str, algo: str, num_groups: int) -> int:
@@ -398,12 +398,11 @@ def study_jobs(args, parts) -> list:
         first = first_of.setdefault(key, workdir)
         return lambda ended: first == workdir or done(first) or names[first] in ended
 
-    def add(part, env, arm, seed, selection, after=(), before=lambda: None):
+    def add(part, env, arm, seed, selection, after=(), before=lambda: None) -> str | None:
+        """Plan the run (its name), unless it is planned already (noise's rate 0.8 is main's) or finished."""
         workdir = args.out / env / arm / f"seed{seed}"
-        config = workdir / "config.json"
-        done = config.exists() and finished(workdir, json.loads(config.read_text())["train"]["steps"])
-        if workdir in names or done:
-            return  # planned already (noise's rate 0.8 is main's) or finished
+        if workdir in names or run_finished(workdir):
+            return None
         names[workdir] = f"{env}/{arm}/seed{seed}"
         compiled = after_first(f"{env}/{arm}", workdir, lambda first: last_step(first) >= 1)
         validated = after_first(f"{env}/main", workdir, lambda _: (args.out / env / "start_validation.json").exists())
@@ -412,6 +411,7 @@ def study_jobs(args, parts) -> list:
                                          "--seeds", str(seed), *flags],
                         args.out / "logs" / f"{env}-{arm}-seed{seed}.log", tuple(after), ready, before,
                         job_environment(args, env)))
+        return names[workdir]
 
     for part in parts:
         for env in args.envs or ENVS[part]:
@@ -423,12 +423,12 @@ def study_jobs(args, parts) -> list:
                         for seed in args.seeds or SEEDS["main"]:
                             fix_k = (lambda e=env, a=algo, b=base:
                                      matched_k(args, e, a, run_config(e, 0, b).rollout.num_groups))
-                            add("main", env, f"{name}-{algo}", seed,
-                                ["--envs", env, "--algos", algo, "--filters", name],
-                                after=top_p if name == "top_k" else (),
-                                before=fix_k if name == "top_k" else (lambda: None))
-                            if name == "top_p" and args.out / env / f"top_p-{algo}" / f"seed{seed}" in names:
-                                top_p.append(names[args.out / env / f"top_p-{algo}" / f"seed{seed}"])
+                            planned = add("main", env, f"{name}-{algo}", seed,
+                                          ["--envs", env, "--algos", algo, "--filters", name],
+                                          after=top_p if name == "top_k" else (),
+                                          before=fix_k if name == "top_k" else (lambda: None))
+                            if name == "top_p" and planned:
+                                top_p.append(planned)
             elif part == "noise" and env == "frozenlake":  # the sweep is FrozenLake's slip
                 for rate in args.rates:
                     for name in [f for f in ("top_p", "none") if f in args.filters]:
@@ -534,8 +534,7 @@ def load_runs(out: Path) -> dict[tuple[str, str], dict[int, list[dict]]]:
     for metrics in sorted(out.glob("*/*/seed*/metrics.jsonl")) + sorted(out.glob("*/seed*/metrics.jsonl")):
         workdir = metrics.parent
         parts = workdir.relative_to(out).parts
-        config = workdir / "config.json"
-        if not config.exists() or not finished(workdir, json.loads(config.read_text())["train"]["steps"]):
+        if not run_finished(workdir):
             continue
         env, arm = parts[0], (parts[1] if len(parts) == 3 else "default")
         runs.setdefault((env, arm), {})[int(parts[-1][len("seed"):])] = _records(workdir)

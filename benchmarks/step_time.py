@@ -4,10 +4,10 @@
 
 One process, one setting, on the devices `python -m ragen_jax.train` would use (on a CPU one jax
 device per core; `XLA_FLAGS=--xla_force_host_platform_device_count=1` keeps one): the rollout
-alone (jitted, best and median of 3 calls after a warm-up), then the whole train step, printed step by step after a warm-up step (step 1 also
-compiles and runs the diagnostics) with the rows the filter kept and the forward/backward
-passes the update ran. Compare settings in separate runs on a quiet machine; the same seed
-gives the same rollouts and kept rows in each.
+alone (jitted, best and median of 3 calls after a warm-up), then the whole train step, printed
+step by step after a warm-up step (step 1 also compiles and runs the diagnostics) with the rows
+the filter kept and the forward/backward passes the update ran. Compare settings in separate
+runs on a quiet machine; the same seed gives the same rollouts and kept rows in each.
 """
 
 from __future__ import annotations

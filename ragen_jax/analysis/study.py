@@ -212,11 +212,14 @@ def bootstrap_interval(units: Sequence, statistic, resamples: int = 2000, seed: 
     `resamples` times, as many units drawn with replacement (numpy's Generator from `seed`,
     all draws at once: `integers(0, n, size=(resamples, n))`) and the statistic recomputed;
     resamples where it is not finite (e.g. a constant resample's correlation) are left out.
-    NaNs when there are no units."""
+    NaNs when there are no units; with one unit the statistic and no interval (every resample is
+    that unit again, an interval of zero width that says nothing)."""
     n = len(units)
     if n == 0:
         return math.nan, math.nan, math.nan
     estimate = float(statistic(list(units)))
+    if n == 1:
+        return estimate, math.nan, math.nan
     draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
     values = np.asarray([statistic([units[i] for i in row]) for row in draws], np.float64)
     values = values[np.isfinite(values)]
@@ -263,9 +266,10 @@ def run_correlation(runs: Sequence[list[dict]], key: str, against: str | None = 
 
 def verdict(low: float, high: float, above: str = "A > B", below: str = "A < B") -> str:
     """What a 95% interval of a difference (or a correlation) says: `above` when it lies above
-    0, `below` when below, otherwise that the data cannot tell."""
+    0, `below` when below, otherwise that the data cannot tell; without an interval (no data,
+    or one seed or run) none."""
     if not (math.isfinite(low) and math.isfinite(high)):
-        return "no data"
+        return "no interval (fewer than 2 seeds or runs)"
     if low > 0:
         return above
     if high < 0:

@@ -139,7 +139,7 @@ def percentile(values, q):
     return ordered[below] + (position - below) * (ordered[above] - ordered[below])
 
 
-@given(hs.lists(hs.floats(-1, 1, allow_nan=False, width=32), min_size=1, max_size=12), hs.integers(0, 5))
+@given(hs.lists(hs.floats(-1, 1, allow_nan=False, width=32), min_size=2, max_size=12), hs.integers(0, 5))
 def test_bootstrap_interval_against_a_loop(values, seed):
     """The mean's percentile interval by hand, with the same draws (numpy's Generator from the
     seed, one (resamples, n) array of indices)."""
@@ -154,6 +154,9 @@ def test_bootstrap_interval_against_a_loop(values, seed):
 def test_bootstrap_interval_edge_cases_and_coverage():
     assert study.mean_difference_interval([0.25, 0.25, 0.25]) == (0.25, 0.25, 0.25)
     assert all(math.isnan(v) for v in study.mean_difference_interval([]))
+    # one seed: its difference and no interval (a resample of one unit is that unit again)
+    estimate, low, high = study.mean_difference_interval([0.3])
+    assert estimate == pytest.approx(0.3) and math.isnan(low) and math.isnan(high)
     # a statistic that is never finite: the estimate and no interval
     estimate, low, high = study.bootstrap_interval([1.0, 2.0], lambda v: math.nan)
     assert math.isnan(estimate) and math.isnan(low) and math.isnan(high)
@@ -175,7 +178,7 @@ def test_paired_differences_and_final_validation_by_hand():
 
 def test_verdict_and_matched_top_k():
     assert study.verdict(0.01, 0.2) == "A > B" and study.verdict(-0.3, -0.1) == "A < B"
-    assert study.verdict(-0.1, 0.2).startswith("not shown") and study.verdict(math.nan, math.nan) == "no data"
+    assert study.verdict(-0.1, 0.2).startswith("not shown") and study.verdict(math.nan, math.nan).startswith("no interval")
     assert study.matched_top_k([0.4, 0.5], 32) == 14  # 0.45 × 32 = 14.4
     assert study.matched_top_k([0.47, 0.5], 32) == 16  # 15.5 rounds to even
     assert study.matched_top_k([0.001], 32) == 1
@@ -230,6 +233,9 @@ def test_run_correlation_resamples_whole_runs_against_scipy(seed):
         assert got[2] == pytest.approx(percentile(values, 97.5), abs=1e-9)
         assert got[3:] == (sum(len(p) for p in per_run), 6)
     assert study.run_correlation(runs, "mi/first_turn/no_such_key")[3:] == (0, 0)
+    # one run: its points' correlation and no interval (resampling one run repeats it)
+    rho, low, high, points, n = study.run_correlation(runs[:1], study.MI_ZSCORE)
+    assert math.isfinite(rho) and math.isnan(low) and math.isnan(high) and n == 1 and points > 2
 
 
 def test_reg_over_task_by_hand():

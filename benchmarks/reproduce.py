@@ -615,12 +615,14 @@ COMPARISONS = (("top_p", "none"), ("top_p", "top_k"), ("top_k", "none"))
 
 def claims_table(runs) -> str:
     """Paired per-seed differences of final validation success between filters that share
-    everything else (the arm's name after the filter), with bootstrap 95% intervals over seeds."""
+    everything else (the arm's name after the filter), with bootstrap and t 95% intervals over
+    seeds; a verdict only where both intervals lie on one side of 0."""
     finals = {key: {seed: st.final_validation(r) for seed, r in seeds.items()} for key, seeds in runs.items()}
     lines = ["Claims: arm A − arm B in final validation success (fixed levels), per seed (the same seed in "
-             "both), with the bootstrap 95% interval of the mean over seeds.", "",
-             "| env | condition | A − B | seeds | per-seed differences | mean | 95% interval | verdict |",
-             "| --- | --- | --- | ---: | --- | ---: | --- | --- |"]
+             "both), with 95% intervals of the mean over seeds: the bootstrap's and Student's t (the bootstrap's "
+             "is too narrow for a few seeds); the verdict needs both to exclude 0.", "",
+             "| env | condition | A − B | seeds | per-seed differences | mean | bootstrap 95% | t 95% | verdict |",
+             "| --- | --- | --- | ---: | --- | ---: | --- | --- | --- |"]
     rows = 0
     for env, condition in sorted({(env, arm.split("-", 1)[1]) for env, arm in runs if "-" in arm}):
         for a, b in COMPARISONS:
@@ -630,9 +632,14 @@ def claims_table(runs) -> str:
             if not seeds:
                 continue
             mean, low, high = st.mean_difference_interval(diffs)
+            _, t_low, t_high = st.mean_t_interval(diffs)
             per_seed = ", ".join(f"{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
+            bounds = (low, high, t_low, t_high)
+            wider = ((min(low, t_low), max(high, t_high)) if all(map(math.isfinite, bounds))
+                     else (math.nan, math.nan))  # no verdict without both intervals
             lines.append(f"| {env} | {condition} | {a} − {b} | {len(seeds)} | {per_seed} | {mean:+.3f} | "
-                         f"{_interval(low, high)} | {st.verdict(low, high, f'{a} better', f'{b} better')} |")
+                         f"{_interval(low, high)} | {_interval(t_low, t_high)} | "
+                         f"{st.verdict(*wider, f'{a} better', f'{b} better')} |")
             rows += 1
     return "\n".join(lines) if rows else ""
 

@@ -168,6 +168,21 @@ def test_bootstrap_interval_edge_cases_and_coverage():
     assert 0.85 <= np.mean(covered) <= 0.99
 
 
+def test_mean_t_interval_against_a_t_table():
+    """mean ± t(0.975, n − 1) · sd / √n with sd by a loop and t from a printed table."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+    for diffs in ([0.1, 0.02], [0.1, 0.09, 0.08], [0.05, -0.01, 0.03, 0.0], [0.009, 0.001, -0.004, 0.012, 0.003]):
+        n = len(diffs)
+        mean = sum(diffs) / n
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+        half = table[n - 1] * sd / math.sqrt(n)  # the table's 3 decimals: within 5e-4 · sd
+        assert study.mean_t_interval(diffs) == pytest.approx((mean, mean - half, mean + half), abs=5e-4 * sd)
+    estimate, low, high = study.mean_t_interval([0.3])
+    assert estimate == pytest.approx(0.3) and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in study.mean_t_interval([]))
+    assert study.mean_t_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2, 0.2))
+
+
 def test_paired_differences_and_final_validation_by_hand():
     seeds, diffs = study.paired_differences({0: 0.5, 1: 0.4, 2: 0.3, 4: float("nan")}, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.2})
     assert seeds == [1, 2] and diffs.tolist() == pytest.approx([0.3, -0.2])
@@ -349,7 +364,7 @@ def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkey
 
 
 def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path):
-    finals = {"top_p": [0.50, 0.46, 0.48], "none": [0.40, 0.44, 0.40], "top_k": [0.45, 0.45, 0.47]}
+    finals = {"top_p": [0.50, 0.46, 0.48], "none": [0.40, 0.37, 0.40], "top_k": [0.45, 0.45, 0.47]}
     for name, values in finals.items():
         for seed, value in enumerate(values):
             records = [{"step": 1, study.MI_ZSCORE: seed + value, study.VAL_SUCCESS: value - 0.1},
@@ -362,9 +377,13 @@ def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path)
     assert f"| {np.mean(finals_mean):.3f} (" in text  # the top_p row's final validation
     row = next(line for line in text.splitlines() if "| top_p − none |" in line)
     mean, low, high = study.mean_difference_interval(diffs)
-    assert row.startswith("| sokoban | grpo | top_p − none | 3 | 0: +0.100, 1: +0.020, 2: +0.080 |")
-    assert f"| {mean:+.3f} | [{low:+.3f}, {high:+.3f}] | top_p better |" in row
-    assert "| top_p − top_k |" in text and "| top_k − none |" in text
+    _, t_low, t_high = study.mean_t_interval(diffs)
+    assert row.startswith("| sokoban | grpo | top_p − none | 3 | 0: +0.100, 1: +0.090, 2: +0.080 |")
+    assert f"| {mean:+.3f} | [{low:+.3f}, {high:+.3f}] | [{t_low:+.3f}, {t_high:+.3f}] | top_p better |" in row
+    # differences +0.05, +0.01, +0.01: the bootstrap's interval (their range) excludes 0, t's does not
+    row = next(line for line in text.splitlines() if "| top_p − top_k |" in line)
+    assert "| [+0.010, +0.050] |" in row and row.endswith("| not shown (the interval spans 0) |")
+    assert "| top_k − none |" in text
     assert "grpo-success0.6 | top_p" not in text  # no Top-p at that rate: nothing to pair
     assert f"| {study.MI_ZSCORE} | 18 | 9 |" in text  # 2 points in each of the 9 runs with both
 

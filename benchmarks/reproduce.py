@@ -523,6 +523,10 @@ def _fmt(value: float, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def _signed(value: float, digits: int = 3) -> str:
+    return "—" if math.isnan(value) else f"{value:+.{digits}f}"
+
+
 def _interval(low: float, high: float, digits: int = 3) -> str:
     return "—" if math.isnan(low) else f"[{low:+.{digits}f}, {high:+.{digits}f}]"
 
@@ -647,27 +651,30 @@ def claims_table(runs) -> str:
 def predictors_table(runs) -> str:
     """Per env: each MI proxy and entropy against validation success, pooled over every finished
     run with both (main and noise), intervals by resampling runs; then whether first-turn
-    MI-ZScore predicts better than each entropy (|ρ| difference on the same resamples)."""
+    MI-ZScore predicts better than each entropy (|ρ| difference on the same resamples). Each
+    also centred on the step: runs that all improve make the raw correlation measure training
+    progress; centred, it compares runs at the same step."""
     lines = []
     for env in sorted({env for env, _ in runs}):
         env_runs = [r for (e, _), seeds in sorted(runs.items()) if e == env for r in seeds.values()]
         rows = []
-        for key in (*st.MI_PROXIES, *st.ENTROPIES):
-            rho, low, high, points, n = st.run_correlation(env_runs, key)
-            if points:
-                rows.append(f"| {key} | {points} | {n} | {rho:+.3f} | {_interval(low, high)} | "
-                            f"{st.verdict(low, high, 'positive', 'negative')} |")
-        for entropy in st.ENTROPIES:
-            diff, low, high, points, n = st.run_correlation(env_runs, st.MI_ZSCORE, against=entropy)
-            if points:
-                rows.append(f"| \\|ρ(MI-ZScore)\\| − \\|ρ({entropy.rsplit('/', 1)[1]})\\| | {points} | {n} | "
-                            f"{diff:+.3f} | {_interval(low, high)} | "
-                            f"{st.verdict(low, high, 'MI-ZScore predicts better', 'the entropy predicts better')} |")
+        for key, against, name, above, below in (
+                *((key, None, key, "positive", "negative") for key in (*st.MI_PROXIES, *st.ENTROPIES)),
+                *((st.MI_ZSCORE, entropy, f"\\|ρ(MI-ZScore)\\| − \\|ρ({entropy.rsplit('/', 1)[1]})\\|",
+                   "MI-ZScore predicts better", "the entropy predicts better") for entropy in st.ENTROPIES)):
+            rho, low, high, points, n = st.run_correlation(env_runs, key, against=against)
+            if not points:
+                continue
+            c_rho, c_low, c_high, _, _ = st.run_correlation(env_runs, key, against=against, centre=True)
+            rows.append(f"| {name} | {points} | {n} | {_signed(rho)} | {_interval(low, high)} | "
+                        f"{st.verdict(low, high, above, below)} | {_signed(c_rho)} | {_interval(c_low, c_high)} | "
+                        f"{st.verdict(c_low, c_high, above, below)} |")
         if rows:
             lines += [f"Diagnostics vs validation success ({env}; Spearman over the validation steps of every "
-                      "finished run, pooled; 95% interval by resampling runs):", "",
-                      "| predictor | points | runs | Spearman | 95% interval | sign |", "| --- | ---: | ---: | ---: | --- | --- |",
-                      *rows, ""]
+                      "finished run, pooled, and the same with both sides centred on the step's mean over the "
+                      "runs; 95% intervals by resampling runs):", "",
+                      "| predictor | points | runs | Spearman | 95% interval | sign | centred | 95% interval | sign |",
+                      "| --- | ---: | ---: | ---: | --- | --- | ---: | --- | --- |", *rows, ""]
     return "\n".join(lines).strip()
 
 

@@ -14,8 +14,9 @@ records the initial policy once, in start_validation.json.
 - the claims: `final_validation` (a run's validation success at its end, fixed levels),
   `paired_differences` (arm A − arm B per seed, the same seed in both), `bootstrap_interval`
   (percentile bootstrap of any statistic over units: seeds, runs or measurements),
-  `run_correlation` (Spearman of a diagnostic against validation success, pooled over runs,
-  resampled by run), `verdict`; `matched_top_k` (the Top-k arm's k from Top-p's kept fraction).
+  `mean_t_interval` (Student's t interval of a mean, for a few seeds), `run_correlation`
+  (Spearman of a diagnostic against validation success, pooled over runs, resampled by run,
+  optionally `centred_on_step`), `verdict`; `matched_top_k` (the Top-k arm's k from Top-p's kept fraction).
 """
 
 from __future__ import annotations
@@ -253,27 +254,42 @@ def mean_t_interval(differences: Sequence[float], level: float = 0.95) -> tuple[
 
 
 def validation_points(records: list[dict], keys: Sequence[str]) -> np.ndarray:
-    """[points, len(keys) + 1]: the diagnostics `keys` and validation success (last column) at
-    the steps of one run where all of them were logged."""
-    rows = [[float(r[k]) for k in (*keys, VAL_SUCCESS)] for r in records
+    """[points, len(keys) + 2]: the step (first column), the diagnostics `keys` and validation
+    success (last column) at the steps of one run where all of them were logged."""
+    rows = [[float(r["step"]), *(float(r[k]) for k in (*keys, VAL_SUCCESS))] for r in records
             if all(math.isfinite(r.get(k, math.nan)) for k in (*keys, VAL_SUCCESS))]
-    return np.asarray(rows, np.float64).reshape(-1, len(keys) + 1)
+    return np.asarray(rows, np.float64).reshape(-1, len(keys) + 2)
+
+
+def centred_on_step(points: np.ndarray) -> np.ndarray:
+    """`points` (rows of step, values...) with each value minus its mean over the rows of the same
+    step; steps only one row has are left out. Runs that all improve with training make a pooled
+    correlation measure how far they have trained; centring leaves what differs between runs."""
+    steps, inverse, counts = np.unique(points[:, 0], return_inverse=True, return_counts=True)
+    sums = np.zeros((len(steps), points.shape[1] - 1))
+    np.add.at(sums, inverse, points[:, 1:])
+    centred = points.copy()
+    centred[:, 1:] -= (sums / counts[:, None])[inverse]
+    return centred[counts[inverse] > 1]
 
 
 def run_correlation(runs: Sequence[list[dict]], key: str, against: str | None = None, resamples: int = 2000,
-                    seed: int = 0) -> tuple[float, float, float, int, int]:
+                    seed: int = 0, centre: bool = False) -> tuple[float, float, float, int, int]:
     """Spearman of `key` against validation success over the points of all runs pooled, with a
     bootstrap 95% interval that resamples whole runs (a run's points are not independent).
     With `against`: |Spearman(key)| − |Spearman(against)| on the points where both are logged,
-    the two on the same resamples (does `key` predict success better?). Also the number of points
-    and of runs that have any; runs without points are left out."""
+    the two on the same resamples (does `key` predict success better?). `centre`: both sides
+    centred on the step over the runs pooled (in each resample: `centred_on_step`). Also the
+    number of points and of runs that have any; runs without points are left out."""
     keys = (key,) if against is None else (key, against)
     per_run = [p for p in (validation_points(r, keys) for r in runs) if len(p)]
 
     def pooled(chosen):
         points = np.concatenate(chosen)
-        rho = spearman(points[:, 0], points[:, -1])
-        return rho if against is None else abs(rho) - abs(spearman(points[:, 1], points[:, -1]))
+        if centre:
+            points = centred_on_step(points)
+        rho = spearman(points[:, 1], points[:, -1])
+        return rho if against is None else abs(rho) - abs(spearman(points[:, 2], points[:, -1]))
 
     if not per_run:
         return math.nan, math.nan, math.nan, 0, 0

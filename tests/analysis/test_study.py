@@ -193,7 +193,8 @@ def test_paired_differences_and_final_validation_by_hand():
 
 def test_verdict_and_matched_top_k():
     assert study.verdict(0.01, 0.2) == "A > B" and study.verdict(-0.3, -0.1) == "A < B"
-    assert study.verdict(-0.1, 0.2).startswith("not shown") and study.verdict(math.nan, math.nan).startswith("no interval")
+    assert study.verdict(-0.1, 0.2).startswith("not shown")
+    assert study.verdict(math.nan, math.nan).startswith("no interval")
     assert study.matched_top_k([0.4, 0.5], 32) == 14  # 0.45 × 32 = 14.4
     assert study.matched_top_k([0.47, 0.5], 32) == 16  # 15.5 rounds to even
     assert study.matched_top_k([0.001], 32) == 1
@@ -222,12 +223,25 @@ def synthetic_runs(seed, count=6):
     return runs + [[{"step": 1, study.MI_ZSCORE: 1.0}]]  # a run without validation: left out
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_run_correlation_resamples_whole_runs_against_scipy(seed):
+def centred_by_loops(rows):
+    """Each value minus its step's mean over `rows` ([step, values...]), singleton steps dropped."""
+    by_step = {}
+    for row in rows:
+        by_step.setdefault(row[0], []).append(row)
+    out = []
+    for same in by_step.values():
+        if len(same) > 1:
+            means = [sum(r[j] for r in same) / len(same) for j in range(1, len(same[0]))]
+            out += [[r[0], *(r[j] - means[j - 1] for j in range(1, len(r)))] for r in same]
+    return out
+
+
+@pytest.mark.parametrize("seed, centre", [(0, False), (1, False), (0, True), (1, True)])
+def test_run_correlation_resamples_whole_runs_against_scipy(seed, centre):
     runs = synthetic_runs(seed)
 
     def points(records, keys):
-        return [[r[k] for k in (*keys, study.VAL_SUCCESS)] for r in records
+        return [[r["step"], *(r[k] for k in (*keys, study.VAL_SUCCESS))] for r in records
                 if all(k in r for k in (*keys, study.VAL_SUCCESS))]
 
     for against in (None, study.REASONING_ENTROPY):
@@ -235,14 +249,15 @@ def test_run_correlation_resamples_whole_runs_against_scipy(seed):
         per_run = [p for p in (points(r, keys) for r in runs) if p]
 
         def pooled(chosen):
-            flat = np.array([row for run in chosen for row in run])
-            rho = stats.spearmanr(flat[:, 0], flat[:, -1]).statistic
-            return rho if against is None else abs(rho) - abs(stats.spearmanr(flat[:, 1], flat[:, -1]).statistic)
+            rows = [row for run in chosen for row in run]
+            flat = np.array(centred_by_loops(rows) if centre else rows)
+            rho = stats.spearmanr(flat[:, 1], flat[:, -1]).statistic
+            return rho if against is None else abs(rho) - abs(stats.spearmanr(flat[:, 2], flat[:, -1]).statistic)
 
         draws = np.random.default_rng(seed).integers(0, len(per_run), size=(200, len(per_run)))
         values = [pooled([per_run[i] for i in row]) for row in draws]
         values = [v for v in values if np.isfinite(v)]
-        got = study.run_correlation(runs, study.MI_ZSCORE, against=against, resamples=200, seed=seed)
+        got = study.run_correlation(runs, study.MI_ZSCORE, against=against, resamples=200, seed=seed, centre=centre)
         assert got[0] == pytest.approx(pooled(per_run), abs=1e-9)
         assert got[1] == pytest.approx(percentile(values, 2.5), abs=1e-9)
         assert got[2] == pytest.approx(percentile(values, 97.5), abs=1e-9)
@@ -386,6 +401,7 @@ def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path)
     assert "| top_k − none |" in text
     assert "grpo-success0.6 | top_p" not in text  # no Top-p at that rate: nothing to pair
     assert f"| {study.MI_ZSCORE} | 18 | 9 |" in text  # 2 points in each of the 9 runs with both
+    assert "| sign | centred | 95% interval | sign |" in text  # and each centred on the step
 
 
 def test_reproduce_study_smoke(tmp_path):

@@ -112,19 +112,10 @@ def centred_checkpoint_points(seeds: Iterable[list[list[dict]]], x_key: str,
     raw points rise and fall together with the batch's levels; centring leaves only what
     differs between arms on the same levels. `seeds`: per seed, its runs (one per arm).
     Checkpoints only one run of the seed reached are left out (nothing to compare with)."""
-    xs, ys = [], []
-    for runs in seeds:
-        at_step: dict[int, list[tuple[float, float]]] = {}
-        for records in runs:
-            for step, x, y in _finite_pairs(records, x_key, y_key):
-                at_step.setdefault(step, []).append((x, y))
-        for points in at_step.values():
-            if len(points) < 2:
-                continue
-            mx, my = np.mean(points, axis=0)
-            xs += [x - mx for x, _ in points]
-            ys += [y - my for _, y in points]
-    return np.asarray(xs), np.asarray(ys)
+    centred = [centred_on_step(np.asarray([p for records in runs for p in _finite_pairs(records, x_key, y_key)],
+                                          np.float64).reshape(-1, 3)) for runs in seeds]
+    points = np.concatenate(centred) if centred else np.zeros((0, 3))
+    return points[:, 1], points[:, 2]
 
 
 def ranks(values: np.ndarray) -> np.ndarray:

@@ -337,8 +337,14 @@ def test_with_every_group_kept_both_modes_are_the_same_update(setup, trajectorie
         state, metrics = tr.update(tr.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
         results.append((params_of(state), {k: float(v) for k, v in metrics.items()}))
     (a, ma), (b, mb) = results
-    np.testing.assert_array_equal(a, b)
-    assert ma == mb and ma["update/minibatches"] == 4 and ma["update/loss_scale"] == 1.0
+    # Two programs (the modes' loops differ), so their float rounding may differ, most where
+    # Adam divides a gradient near 0 by its eps; a different update moves weights by up to the
+    # learning rate, 1e-3.
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+    assert ma.keys() == mb.keys() and ma["update/minibatches"] == mb["update/minibatches"] == 4
+    assert ma["update/loss_scale"] == mb["update/loss_scale"] == 1.0
+    for name in ma:
+        np.testing.assert_allclose(ma[name], mb[name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_paper_mode_scales_the_policy_loss_by_the_steps_keep_ratio(setup, trajectories):
@@ -454,7 +460,9 @@ def test_lr_decay_scales_the_whole_update(setup, trajectories):
         state = start(decaying)
         state, metrics = decaying.update(state.replace(step=state.step + step), trajectories, jax.random.key(1))
         assert float(metrics["update/lr_factor"]) == factor
-        np.testing.assert_allclose(params_of(state) - before, factor * (params_of(plain) - before), atol=2e-7)
+        # a separate program: its rounding may differ by a little of a 1e-3 step where Adam's
+        # gradient is near 0
+        np.testing.assert_allclose(params_of(state) - before, factor * (params_of(plain) - before), atol=1e-6)
 
 
 def test_adam_eps_damps_only_parameters_with_gradients_below_it():

@@ -680,8 +680,8 @@ def predictors_table(runs) -> str:
 
 def gradients_table(runs) -> str:
     """Per (env, arm) with a gradient analysis: the norms by reward-std bucket, and the
-    regularisation-to-task ratio in the lowest and highest bucket with intervals over the
-    measured steps."""
+    regulariser's share of the gradient (`reg_share`) in the lowest and highest bucket with
+    intervals over the measured steps."""
     lines = []
     for (env, arm), seeds in sorted(runs.items()):
         table = st.gradient_buckets(list(seeds.values()))
@@ -689,18 +689,18 @@ def gradients_table(runs) -> str:
             continue
         lines += ["", f"Gradient norms by reward-std bucket ({env}, {arm}; 0 = lowest in-group reward std; "
                   "groups: pooled over the measured steps of its runs):", "",
-                  "| bucket | steps | groups | task-gradient norm | regularisation-gradient norm | reg / task |",
+                  "| bucket | steps | groups | task-gradient norm | regularisation-gradient norm | reg / (reg + task) |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: |"]
         for row in table:
             task, reg = row.get("task_norm", math.nan), row.get("reg_norm", math.nan)
             lines.append(f"| {int(row['bucket'])} | {_fmt(row.get('measurements', math.nan), 0)} | "
                          f"{_fmt(row.get('groups_total', math.nan), 0)} | {_fmt(task, 4)} | {_fmt(reg, 4)} | "
-                         f"{_fmt(reg / task if task else math.nan, 3)} |")
+                         f"{_fmt(reg / (reg + task) if reg + task else math.nan, 3)} |")
         steps = st.measured_steps(seeds.values())
         low_bucket, high_bucket = int(table[0]["bucket"]), int(table[-1]["bucket"])
-        share = lambda b: (lambda steps_: st.reg_over_task(steps_, b))  # noqa: E731
+        share = lambda b: (lambda steps_: st.reg_share(steps_, b))  # noqa: E731
         cells = []
-        for name, statistic in ((f"reg/task in bucket {low_bucket}", share(low_bucket)),
+        for name, statistic in ((f"the regulariser's share in bucket {low_bucket}", share(low_bucket)),
                                 (f"in bucket {high_bucket}", share(high_bucket)),
                                 ("difference", lambda s: share(low_bucket)(s) - share(high_bucket)(s))):
             value, low, high = st.bootstrap_interval(steps, statistic)

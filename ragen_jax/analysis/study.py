@@ -168,17 +168,20 @@ def measured_steps(runs: Iterable[list[dict]]) -> list[dict]:
     return [r for records in runs for r in records if any(k.startswith("grad/bucket") for k in r)]
 
 
-def reg_over_task(steps: Sequence[dict], bucket: int) -> float:
-    """Mean regularisation-gradient norm over mean task-gradient norm of one bucket, over the
-    measured steps where it had groups (a bucket without groups logs NaN): above 1 the
-    regulariser's gradient outweighs the task's in those groups."""
+def reg_share(steps: Sequence[dict], bucket: int) -> float:
+    """The regulariser's share of one bucket's gradient, mean regularisation-gradient norm over
+    the sum of the mean regularisation and task norms, over the measured steps where the bucket
+    had groups (a bucket without groups logs NaN): 0 when only the task pulls, 1 when only the
+    regulariser does (GRPO's groups without reward variance have no task gradient at all), above
+    0.5 when the regulariser outweighs the task. A share, not a ratio, so that a zero task norm
+    still has a value and an interval."""
     prefix = f"grad/bucket{bucket}/"
     norms = [(r[prefix + "task_norm"], r[prefix + "reg_norm"]) for r in steps
              if math.isfinite(r.get(prefix + "task_norm", math.nan)) and math.isfinite(r.get(prefix + "reg_norm", math.nan))]
     if not norms:
         return math.nan
-    task = float(np.mean([t for t, _ in norms]))
-    return float(np.mean([g for _, g in norms])) / task if task > 0 else math.nan
+    task, reg = float(np.mean([t for t, _ in norms])), float(np.mean([g for _, g in norms]))
+    return reg / (reg + task) if reg + task > 0 else math.nan
 
 
 # ----------------------------------------------------------------------------- the claims

@@ -268,12 +268,16 @@ def test_run_correlation_resamples_whole_runs_against_scipy(seed, centre):
     assert math.isfinite(rho) and math.isnan(low) and math.isnan(high) and n == 1 and points > 2
 
 
-def test_reg_over_task_by_hand():
+def test_reg_share_by_hand():
     steps = study.measured_steps([RECORDS])
     assert [r["step"] for r in steps] == [1, 3]
-    assert study.reg_over_task(steps, 0) == pytest.approx(2.0 / 0.5)  # reg 2, 2; task 0, 1
-    assert study.reg_over_task(steps, 1) == pytest.approx(1.0 / 4.0)  # the NaN step left out
-    assert math.isnan(study.reg_over_task(steps, 7))
+    assert study.reg_share(steps, 0) == pytest.approx(2.0 / (2.0 + 0.5))  # reg 2, 2; task 0, 1
+    assert study.reg_share(steps, 1) == pytest.approx(1.0 / (1.0 + 4.0))  # the NaN step left out
+    assert math.isnan(study.reg_share(steps, 7))
+    # no task gradient at all (GRPO's groups without reward variance): the regulariser is all of it
+    only_reg = [{"grad/bucket0/task_norm": 0.0, "grad/bucket0/reg_norm": r} for r in (0.3, 0.1)]
+    assert study.reg_share(only_reg, 0) == 1.0
+    assert math.isnan(study.reg_share([{"grad/bucket0/task_norm": 0.0, "grad/bucket0/reg_norm": 0.0}], 0))
     table = study.gradient_buckets([RECORDS])
     assert (table[0]["measurements"], table[0]["groups_total"]) == (2.0, 4.0)
     assert (table[1]["measurements"], table[1]["groups_total"]) == (2.0, 5.0)

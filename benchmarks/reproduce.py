@@ -691,12 +691,12 @@ def gradients_table(runs) -> str:
                   "groups: pooled over the measured steps of its runs):", "",
                   "| bucket | steps | groups | task-gradient norm | regularisation-gradient norm | reg / (reg + task) |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        steps = st.measured_steps(seeds.values())
         for row in table:
             task, reg = row.get("task_norm", math.nan), row.get("reg_norm", math.nan)
             lines.append(f"| {int(row['bucket'])} | {_fmt(row.get('measurements', math.nan), 0)} | "
                          f"{_fmt(row.get('groups_total', math.nan), 0)} | {_fmt(task, 4)} | {_fmt(reg, 4)} | "
-                         f"{_fmt(reg / (reg + task) if reg + task else math.nan, 3)} |")
-        steps = st.measured_steps(seeds.values())
+                         f"{_fmt(st.reg_share(steps, int(row['bucket'])), 3)} |")
         low_bucket, high_bucket = int(table[0]["bucket"]), int(table[-1]["bucket"])
         share = lambda b: (lambda steps_: st.reg_share(steps_, b))  # noqa: E731
         cells = []

@@ -570,7 +570,7 @@ def write_report(out: Path) -> None:
 
 
 def report_text(runs, out: Path) -> str:
-    return "\n\n".join(part for part in (arm_table(runs), start_table(out), claims_table(runs),
+    return "\n\n".join(part for part in (arm_table(runs), start_table(out), claims_table(runs), noise_trend(runs),
                                           predictors_table(runs), gradients_table(runs)) if part)
 
 
@@ -646,6 +646,34 @@ def claims_table(runs) -> str:
                          f"{st.verdict(*wider, f'{a} better', f'{b} better')} |")
             rows += 1
     return "\n".join(lines) if rows else ""
+
+
+def noise_trend(runs) -> str:
+    """The stochasticity claim over all the noise part's rates at once: the slope of Top-p − no
+    filter (per seed, final validation) against the slip, 1 − `env.success_rate`, with its t
+    interval. The config's own rate is main's arms (no suffix), as in `noise_arms`."""
+    env = ENVS["noise"][0]
+    default = run_config(env, 0, {}).env.success_rate
+    slips, diffs = [], []
+    for (e, arm), seeds in sorted(runs.items()):
+        if e != env or not arm.startswith("top_p-grpo") or (env, "none" + arm[len("top_p"):]) not in runs:
+            continue
+        suffix = arm[len("top_p-grpo"):]
+        if suffix and not suffix.startswith("-success"):
+            continue
+        rate = float(suffix[len("-success"):]) if suffix else default
+        finals = {key: {seed: st.final_validation(r) for seed, r in runs[env, key].items()}
+                  for key in (arm, "none" + arm[len("top_p"):])}
+        _, pairs = st.paired_differences(*finals.values())
+        slips += [1.0 - rate] * len(pairs)
+        diffs += pairs.tolist()
+    if len(set(slips)) < 2:
+        return ""
+    slope, low, high = st.slope_t_interval(slips, diffs)
+    return (f"Stochasticity ({env}, GRPO): Top-p − none against the slip (1 − env.success_rate) over "
+            f"{len(diffs)} seed pairs at {len(set(slips))} rates: slope {_signed(slope)} per unit of slip, "
+            f"t 95% {_interval(low, high)}: " + st.verdict(low, high, "the filter's difference rises with the slip",
+                                                          "the filter's difference falls with the slip"))
 
 
 def predictors_table(runs) -> str:

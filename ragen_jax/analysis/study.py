@@ -14,7 +14,8 @@ records the initial policy once, in start_validation.json.
 - the claims: `final_validation` (a run's validation success at its end, fixed levels),
   `paired_differences` (arm A − arm B per seed, the same seed in both), `bootstrap_interval`
   (percentile bootstrap of any statistic over units: seeds, runs or measurements),
-  `mean_t_interval` (Student's t interval of a mean, for a few seeds), `run_correlation`
+  `mean_t_interval` (Student's t interval of a mean, for a few seeds), `slope_t_interval`
+  (how a paired difference changes with a setting, e.g. the reward noise), `run_correlation`
   (Spearman of a diagnostic against validation success, pooled over runs, resampled by run,
   optionally `centred_on_step`), `verdict`; `matched_top_k` (the Top-k arm's k from Top-p's kept fraction).
 """
@@ -245,6 +246,26 @@ def mean_t_interval(differences: Sequence[float], level: float = 0.95) -> tuple[
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * float(values.std(ddof=1)) / math.sqrt(len(values))
     return mean, mean - half, mean + half
+
+
+def slope_t_interval(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Least-squares slope of y on x with Student's t interval at `level`: slope ± t(n − 2) · se,
+    se = √(Σ residual² / (n − 2) / Σ (x − x̄)²). Does a paired difference change with a setting
+    (the filter's gain with the reward noise, one point per seed and setting)? NaNs without two
+    distinct x; NaN bounds below 3 points."""
+    from scipy import stats
+
+    xs, ys = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    spread = float(((xs - xs.mean()) ** 2).sum()) if len(xs) else 0.0
+    if spread == 0.0:
+        return math.nan, math.nan, math.nan
+    slope = float(((xs - xs.mean()) * (ys - ys.mean())).sum()) / spread
+    if len(xs) < 3:
+        return slope, math.nan, math.nan
+    residuals = ys - ys.mean() - slope * (xs - xs.mean())
+    se = math.sqrt(float((residuals ** 2).sum()) / (len(xs) - 2) / spread)
+    half = float(stats.t.ppf(0.5 + level / 2, len(xs) - 2)) * se
+    return slope, slope - half, slope + half
 
 
 def validation_points(records: list[dict], keys: Sequence[str]) -> np.ndarray:

@@ -183,6 +183,30 @@ def test_mean_t_interval_against_a_t_table():
     assert study.mean_t_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2, 0.2))
 
 
+@given(hs.lists(hs.tuples(hs.integers(0, 4), hs.integers(-100, 100).map(lambda v: v / 100)), min_size=3, max_size=20))
+def test_slope_t_interval_matches_scipy_linregress(points):
+    x = [0.1 * a for a, _ in points]
+    y = [b for _, b in points]
+    slope, low, high = study.slope_t_interval(x, y)
+    if len(set(x)) < 2:
+        assert all(math.isnan(v) for v in (slope, low, high))
+        return
+    if len(set(y)) == 1:  # scipy's stderr is undefined here; a flat line fits exactly
+        assert (slope, low, high) == (0.0, 0.0, 0.0)
+        return
+    fit = stats.linregress(x, y)
+    half = stats.t.ppf(0.975, len(x) - 2) * fit.stderr
+    assert (slope, low, high) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), abs=1e-9)
+
+
+def test_slope_t_interval_edge_cases():
+    assert study.slope_t_interval([0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx((2.0, 2.0, 2.0))  # exact line
+    slope, low, high = study.slope_t_interval([0.0, 1.0], [0.0, 1.0])
+    assert slope == pytest.approx(1.0) and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in study.slope_t_interval([0.5, 0.5, 0.5], [0.1, 0.2, 0.3]))
+    assert all(math.isnan(v) for v in study.slope_t_interval([], []))
+
+
 def test_paired_differences_and_final_validation_by_hand():
     seeds, diffs = study.paired_differences({0: 0.5, 1: 0.4, 2: 0.3, 4: float("nan")}, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.2})
     assert seeds == [1, 2] and diffs.tolist() == pytest.approx([0.3, -0.2])
@@ -406,6 +430,30 @@ def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path)
     assert "grpo-success0.6 | top_p" not in text  # no Top-p at that rate: nothing to pair
     assert f"| {study.MI_ZSCORE} | 18 | 9 |" in text  # 2 points in each of the 9 runs with both
     assert "| sign | centred | 95% interval | sign |" in text  # and each centred on the step
+
+
+def test_report_fits_the_filters_difference_against_the_slip_over_the_noise_rates(tmp_path):
+    """Top-p − none per seed at the config's rate (main's arms, slip 0.2) and at two noise rates,
+    regressed on the slip; arms without a partner or of another algorithm are left out."""
+    finals = {"": ([0.60, 0.62], [0.59, 0.60]), "-success1": ([0.72, 0.74, 0.71], [0.70, 0.73, 0.71]),
+              "-success0.333": ([0.25, 0.26], [0.27, 0.27])}
+    for suffix, arms in finals.items():
+        for name, values in zip(("top_p", "none"), arms):
+            for seed, value in enumerate(values):
+                fake_run(tmp_path / "frozenlake" / f"{name}-grpo{suffix}" / f"seed{seed}", 2,
+                         [{"step": 2, study.VAL_SUCCESS: value}])
+    fake_run(tmp_path / "frozenlake" / "top_p-grpo-success0.6" / "seed0", 2, [{"step": 2, study.VAL_SUCCESS: 0.9}])
+    fake_run(tmp_path / "frozenlake" / "top_p-ppo" / "seed0", 2, [{"step": 2, study.VAL_SUCCESS: 0.9}])
+    fake_run(tmp_path / "frozenlake" / "none-ppo" / "seed0", 2, [{"step": 2, study.VAL_SUCCESS: 0.1}])
+    slips = [0.2, 0.2, 0.0, 0.0, 0.0, 1 - 0.333, 1 - 0.333]
+    diffs = [0.01, 0.02, 0.02, 0.01, 0.0, -0.02, -0.01]
+    fit = stats.linregress(slips, diffs)
+    half = stats.t.ppf(0.975, len(slips) - 2) * fit.stderr
+    line = next(line for line in reproduce.report_text(reproduce.load_runs(tmp_path), tmp_path).splitlines()
+                if line.startswith("Stochasticity"))
+    assert "over 7 seed pairs at 3 rates" in line
+    assert f"slope {fit.slope:+.3f} per unit of slip, t 95% [{fit.slope - half:+.3f}, {fit.slope + half:+.3f}]" in line
+    assert line.endswith("the filter's difference falls with the slip")
 
 
 def test_reproduce_study_smoke(tmp_path):

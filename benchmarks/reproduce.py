@@ -655,16 +655,15 @@ def noise_trend(runs) -> str:
     env = ENVS["noise"][0]
     default = run_config(env, 0, {}).env.success_rate
     slips, diffs = [], []
-    for (e, arm), seeds in sorted(runs.items()):
-        if e != env or not arm.startswith("top_p-grpo") or (env, "none" + arm[len("top_p"):]) not in runs:
-            continue
+    for e, arm in sorted(runs):
         suffix = arm[len("top_p-grpo"):]
-        if suffix and not suffix.startswith("-success"):
+        partner = "none-grpo" + suffix
+        if (e != env or not arm.startswith("top_p-grpo") or (suffix and not suffix.startswith("-success"))
+                or (env, partner) not in runs):
             continue
         rate = float(suffix[len("-success"):]) if suffix else default
-        finals = {key: {seed: st.final_validation(r) for seed, r in runs[env, key].items()}
-                  for key in (arm, "none" + arm[len("top_p"):])}
-        _, pairs = st.paired_differences(*finals.values())
+        _, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
+                                           for key in (arm, partner)))
         slips += [1.0 - rate] * len(pairs)
         diffs += pairs.tolist()
     if len(set(slips)) < 2:

@@ -256,9 +256,9 @@ def slope_t_interval(x: Sequence[float], y: Sequence[float], level: float = 0.95
     from scipy import stats
 
     xs, ys = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    spread = float(((xs - xs.mean()) ** 2).sum()) if len(xs) else 0.0
-    if spread == 0.0:
+    if len(np.unique(xs)) < 2:
         return math.nan, math.nan, math.nan
+    spread = float(((xs - xs.mean()) ** 2).sum())
     slope = float(((xs - xs.mean()) * (ys - ys.mean())).sum()) / spread
     if len(xs) < 3:
         return slope, math.nan, math.nan

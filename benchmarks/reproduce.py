@@ -299,10 +299,15 @@ def main_part(args) -> None:
             run_arm(args, env, f"{name}-{algo}", args.seeds or SEEDS["main"], overrides)
 
 
+def config_success_rate() -> float:
+    """The noise env's own `env.success_rate`: its arms are main's (no `-success` suffix)."""
+    return run_config(ENVS["noise"][0], 0, {}).env.success_rate
+
+
 def noise_arms(args) -> list[tuple[str, dict[str, str]]]:
     """(arm, overrides) of the stochasticity sweep: FrozenLake, GRPO, Top-p and no filter at each
     `env.success_rate`; the config's own rate is main's arm (the same runs)."""
-    default = run_config("frozenlake", 0, {}).env.success_rate
+    default = config_success_rate()
     arms = []
     for rate in rates(args.rates):
         for name in [f for f in ("top_p", "none") if f in args.filters]:
@@ -653,7 +658,6 @@ def noise_trend(runs) -> str:
     filter (per seed, final validation) against the slip, 1 − `env.success_rate`, with its t
     interval. The config's own rate is main's arms (no suffix), as in `noise_arms`."""
     env = ENVS["noise"][0]
-    default = run_config(env, 0, {}).env.success_rate
     slips, diffs = [], []
     for e, arm in sorted(runs):
         suffix = arm[len("top_p-grpo"):]
@@ -661,7 +665,7 @@ def noise_trend(runs) -> str:
         if (e != env or not arm.startswith("top_p-grpo") or (suffix and not suffix.startswith("-success"))
                 or (env, partner) not in runs):
             continue
-        rate = float(suffix[len("-success"):]) if suffix else default
+        rate = float(suffix[len("-success"):]) if suffix else config_success_rate()
         _, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
                                            for key in (arm, partner)))
         slips += [1.0 - rate] * len(pairs)

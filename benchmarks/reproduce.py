@@ -657,7 +657,7 @@ def noise_trend(runs) -> str:
     """The stochasticity claim over all the noise part's rates at once: the slope of Top-p − no
     filter (per seed, final validation) against the slip, 1 − `env.success_rate`, with its t
     interval. The config's own rate is main's arms (no suffix), as in `noise_arms`."""
-    env = ENVS["noise"][0]
+    env, default = ENVS["noise"][0], config_success_rate()
     slips, diffs = [], []
     for e, arm in sorted(runs):
         suffix = arm[len("top_p-grpo"):]
@@ -665,7 +665,7 @@ def noise_trend(runs) -> str:
         if (e != env or not arm.startswith("top_p-grpo") or (suffix and not suffix.startswith("-success"))
                 or (env, partner) not in runs):
             continue
-        rate = float(suffix[len("-success"):]) if suffix else config_success_rate()
+        rate = float(suffix[len("-success"):]) if suffix else default
         _, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
                                            for key in (arm, partner)))
         slips += [1.0 - rate] * len(pairs)

@@ -62,7 +62,7 @@ def logits_difference(model, tokens) -> float:
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.qwen2 import Qwen2, positions_from_mask
+    from ragen_jax.models.decoder import Decoder, positions_from_mask
 
     def forward(m, ids):
         mask = jnp.ones(ids.shape, bool)
@@ -73,7 +73,7 @@ def logits_difference(model, tokens) -> float:
     cpu = jax.devices("cpu")[0]
     cfg32 = dataclasses.replace(model.cfg, dtype="float32", param_dtype="float32")
     graph, state = nnx.split(model)
-    reference = nnx.eval_shape(lambda: Qwen2(cfg32, rngs=nnx.Rngs(0)))
+    reference = nnx.eval_shape(lambda: Decoder(cfg32, rngs=nnx.Rngs(0)))
     _, ref_state = nnx.split(reference)
     values = jax.tree.map(lambda x: jax.device_put(x.astype(jnp.float32), cpu), nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(ref_state, values)

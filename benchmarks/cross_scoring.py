@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.diagnostics.cross_scoring import cross_score
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
 
 
 def naive_cross_score(model, prompts, prompt_mask, reasoning, reasoning_mask):
@@ -70,7 +70,7 @@ def main():
         f"jax {jax.__version__} on {jax.devices()[0].platform}"
     )
     for name in args.models:
-        model = init_model(Qwen2Config.preset(name), jax.random.key(0))
+        model = init_model(DecoderConfig.preset(name), jax.random.key(0))
         inputs = (model, prompts, prompt_mask, reasoning, reasoning_mask)
         ours, naive = jax.jit(cross_score), jax.jit(naive_cross_score)
         ours_compile, ours_time = timed(lambda: ours(*inputs), args.repeats)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.qwen2 import Qwen2Config, init_cache, init_model
+from ragen_jax.models.decoder import DecoderConfig, init_cache, init_model
 from ragen_jax.rollout.layout import buffer_layout
 from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
 from ragen_jax.rollout.policies import model_policy
@@ -97,7 +97,7 @@ def main():
                            sampling=sampling.SamplingParams(temperature=1.0))
     codec = TextCodec.build(tok, env, config.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, config.max_actions_per_turn)
-    model = init_model(Qwen2Config.preset(args.model), jax.random.key(0))
+    model = init_model(DecoderConfig.preset(args.model), jax.random.key(0))
     ours = jax.jit(lambda k, m: rollout(k, model_policy(m, codec, prompt, config), env, params, codec, prompt, config))
 
     def run_ours(seed):

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from ragen_jax.run import sharding  # noqa: E402
 from ragen_jax.models import hf, sampling  # noqa: E402
-from ragen_jax.models.qwen2 import Qwen2Config, init_model  # noqa: E402
+from ragen_jax.models.decoder import DecoderConfig, init_model  # noqa: E402
 from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
 
 
@@ -283,7 +283,7 @@ def main(argv=None):
               f"temperature 1.0, {args.dtype}; {jax.device_count()} {jax.devices()[0].platform} device(s) "
               f"({jax.devices()[0].device_kind}), jax {jax.__version__}; transformers on {args.torch_device}")
     for name in args.models:
-        model = init_model(Qwen2Config.preset(name, dtype=args.dtype, param_dtype=args.dtype), jax.random.key(0))
+        model = init_model(DecoderConfig.preset(name, dtype=args.dtype, param_dtype=args.dtype), jax.random.key(0))
         if args.engine != "all":
             if args.engine == "transformers-part":
                 transformers_part(model, ids, args.new, args.part, args.parts)

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from ragen_jax.models.qwen2 import Qwen2Config, init_model
+    from ragen_jax.models.decoder import DecoderConfig, init_model
     from ragen_jax.rl.batch import batch_from_trajectories, compact
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training import sft
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     seconds = {}
     for name, squeeze in (("raw buffer", False), ("compacted", True)):
         def run(epochs):
-            model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
+            model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
             started = time.perf_counter()
             sft.fit(model, data, sft.SFTConfig(epochs=epochs, compact=squeeze), log=lambda _: None)
             return time.perf_counter() - started

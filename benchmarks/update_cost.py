@@ -30,7 +30,7 @@ import numpy as np
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
+from ragen_jax.models.decoder import DecoderConfig, init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig, rollout
@@ -57,7 +57,7 @@ def matmul_peak(n=2048, repeats=5) -> float:
     return 2 * n**3 / best_time(lambda: f(a), repeats)
 
 
-def update_flops(cfg: Qwen2Config, rows: int, seq: int, scored: int) -> float:
+def update_flops(cfg: DecoderConfig, rows: int, seq: int, scored: int) -> float:
     """Forward + backward (≈ 3 × forward) FLOPs of the actor update over `rows` buffers of
     `seq` slots, vocabulary projection at `scored` positions per row. Holes are computed like
     tokens (the forward runs over the whole buffer)."""
@@ -90,7 +90,7 @@ def main():
                          max_actions_per_turn=2, max_actions_per_traj=2 * args.turns, max_new_tokens=args.new_tokens)
     codec = TextCodec.build(tok, env, rcfg.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, rcfg.max_actions_per_turn)
-    model_cfg = Qwen2Config.preset(args.model)
+    model_cfg = DecoderConfig.preset(args.model)
     model = init_model(model_cfg, jax.random.key(0))
     traj = jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, rcfg), env, env_params, codec, prompt,
                                      rcfg))(jax.random.key(1))

@@ -6,7 +6,7 @@ import numpy as np
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
+from ragen_jax.models.decoder import DecoderConfig, init_model
 from ragen_jax.rollout.policies import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -22,7 +22,7 @@ def text_parts(env_name: str = "SimpleSokoban", max_actions_per_turn: int = 2, *
 
 
 def tiny_model(seed: int = 0):
-    return init_model(Qwen2Config.preset("tiny"), jax.random.key(seed))
+    return init_model(DecoderConfig.preset("tiny"), jax.random.key(seed))
 
 
 def scripted_texts(tok, texts, config):

@@ -272,7 +272,7 @@ def _text_setup(run, cfg):
 def model_config(config, preset: str | None):
     """The model's shapes: `model.path`'s config.json (no weights read), or a preset."""
     from ragen_jax.models import hf
-    from ragen_jax.models.qwen2 import PRESETS, Qwen2Config
+    from ragen_jax.models.decoder import PRESETS, DecoderConfig
     from ragen_jax.run.config import ConfigError, model_options
 
     m = config.model
@@ -292,7 +292,7 @@ def model_config(config, preset: str | None):
                           f"{'|'.join(n for n in PRESETS if n.startswith('qwen'))}")
     if name not in PRESETS:
         raise ConfigError(f"--model {name!r} is not a known preset; allowed: {', '.join(PRESETS)}")
-    return Qwen2Config.preset(name, **numerics), name
+    return DecoderConfig.preset(name, **numerics), name
 
 
 PIECES = ("remat-on", "remat-off", "decode")
@@ -307,7 +307,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.qwen2 import Qwen2
+    from ragen_jax.models.decoder import Decoder
     from ragen_jax.models.value import ValueModel
     from ragen_jax.run import sharding
     from ragen_jax.run.config import ConfigError, build
@@ -332,7 +332,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     step_config = run.step
     rcfg, algo = step_config.rollout, step_config.algo
 
-    abstract_model = _abstract(Qwen2, cfg)
+    abstract_model = _abstract(Decoder, cfg)
     trainer = Trainer(step_config, abstract_model, env, env_params, codec, prompt, mesh)
     rep = sharding.replicated(mesh)
 
@@ -439,7 +439,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache
+    from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache
     from ragen_jax.rl.batch import Batch, policy_logprobs
     from ragen_jax.run import sharding
 
@@ -462,12 +462,12 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     def params_of(model_cfg):
         if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
             return policy
-        state = nnx.state(_abstract(Qwen2, model_cfg))
+        state = nnx.state(_abstract(Decoder, model_cfg))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                             sharding.module_shardings(state, mesh))
 
     def micro_batch_gradient(model_cfg):
-        graph = nnx.graphdef(_abstract(Qwen2, model_cfg))
+        graph = nnx.graphdef(_abstract(Decoder, model_cfg))
         params = params_of(model_cfg)
 
         def loss(params, b):
@@ -496,7 +496,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
 
     if "decode" not in which:
         return {"memory": memory, "flops": flops}
-    graph = nnx.graphdef(_abstract(Qwen2, unrolled))
+    graph = nnx.graphdef(_abstract(Decoder, unrolled))
     kv = jax.eval_shape(lambda: init_cache(cfg, batch, s))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
     cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),

@@ -25,12 +25,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from ragen_jax.models.cpu_tuning import map_row_blocks
-from ragen_jax.models.qwen2 import (DecodeContext, KVCache, Qwen2, constrain_rows, init_cache, positions_from_mask,
+from ragen_jax.models.decoder import (DecodeContext, KVCache, Decoder, constrain_rows, init_cache, positions_from_mask,
                                     row_shards, token_logprobs)
 from ragen_jax.run import sharding
 
 
-def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
+def prefill_buffers(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
                     mesh: jax.sharding.Mesh | None = None) -> KVCache:
     """Keys/values of whole buffers tokens/mask [R, L] (holes skipped, RoPE over valid slots),
     `block_rows` rows per forward (the attention scores of a forward are rows × L × L). On a
@@ -41,9 +41,9 @@ def prefill_buffers(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows
                                     KVCache(rows_spec, rows_spec, PartitionSpec(sharding.ROWS)))
 
 
-def _prefill(model: Qwen2, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
+def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
     """Each block's keys/values written into one preallocated cache (no stacked copy). Where
-    the rows are split over a mesh (`qwen2.constrain_rows`) they are prefilled in one block,
+    the rows are split over a mesh (`decoder.constrain_rows`) they are prefilled in one block,
     each device its own, and the cache stays split."""
     rows, length = tokens.shape
     mask = mask.astype(bool)
@@ -74,7 +74,7 @@ class Scoring:
 
 
 def score_continuations(
-    model: Qwen2,
+    model: Decoder,
     cache: KVCache,
     tokens: jax.Array,
     prompt_width: int,

@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics
-from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache, positions_from_mask, token_logprobs
 from ragen_jax.models.sampling import prefill
 
 
 def cross_score(
-    model: Qwen2,
+    model: Decoder,
     prompts: jax.Array,
     prompt_mask: jax.Array,
     reasoning: jax.Array,
@@ -62,7 +62,7 @@ def cross_score(
 
 
 def reasoning_mi(
-    model: Qwen2,
+    model: Decoder,
     prompts: jax.Array,
     prompt_mask: jax.Array,
     reasoning: jax.Array,

@@ -39,7 +39,7 @@ from flax import struct
 from ragen_jax.diagnostics import buffer_scoring, collapse, pairs as pairs_lib
 from ragen_jax.diagnostics.buffer_scoring import Scoring
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics, reasoning_stats
-from ragen_jax.models.qwen2 import Qwen2
+from ragen_jax.models.decoder import Decoder
 
 TURN_METRICS = ("mi_estimate", "mi_seq_estimate", "mi_zscore", "retrieval_acc", "retrieval_chance",
                 "retrieval_above_chance")
@@ -98,7 +98,7 @@ class DiagnosticsState:
         return cls(MIEmaState.create(), MIEmaState.create(), collapse.CollapseState.create())
 
 
-def buffer_cache(model: Qwen2, traj, prefill_rows: int = 8, mesh=None):
+def buffer_cache(model: Decoder, traj, prefill_rows: int = 8, mesh=None):
     """(cache, tokens): the batch's buffers prefilled over every slot a prompt of any pair set
     may use — up to the last turn's generation offset, and the whole first turn (the [x, z]
     prompts of action grounding)."""
@@ -202,7 +202,7 @@ def _per_turn(model, cache, tokens, traj, key, config, scoring):
 
 
 def diagnose(
-    model: Qwen2,
+    model: Decoder,
     traj,
     key: jax.Array,
     config: DiagnosticsConfig,

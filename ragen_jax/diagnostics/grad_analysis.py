@@ -113,7 +113,7 @@ def gradient_norms(
 ) -> dict[str, jax.Array]:
     """Per reward-std bucket, the norms of the task- and regularisation-loss gradients.
 
-    policy_graph, params: the policy (`nnx.graphdef` / `nnx.state` of a `Qwen2`); batch: the
+    policy_graph, params: the policy (`nnx.graphdef` / `nnx.state` of a `Decoder`); batch: the
     update's view of the rollout with advantages filled in (`ragen_jax.rl.batch.Batch`);
     group_of_row: int[B] group index of every row; buckets: int32[G] bucket of every group
     (`reward_std_buckets`); num_buckets: static bucket count. The other arguments are those of

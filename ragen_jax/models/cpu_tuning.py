@@ -1,4 +1,4 @@
-"""Shapes of the Qwen2 forward tuned for XLA's CPU backend (`qwen2.py` and `sampling.py` call them).
+"""Shapes of the Qwen2 forward tuned for XLA's CPU backend (`decoder.py` and `sampling.py` call them).
 
 One switch, `on_cpu_per_device()`, decides where the CPU tuning applies: row chunks
 (`in_row_chunks`: a chunk's activations stay in the caches) and a decode step's q/k/v in one
@@ -6,7 +6,7 @@ matmul (`fused_qkv`). Accelerators keep one large kernel and the sharded weights
 
 `PerLayerKVCache` is the cache layout a decode loop of an unrolled model (`scan_layers=False`)
 works on, on every backend: each layer its own loop buffer, keys stored transposed (on CPU the
-score matmul is ~2x faster). A scanned model reads its layers from the stacked `qwen2.KVCache`.
+score matmul is ~2x faster). A scanned model reads its layers from the stacked `decoder.KVCache`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 if TYPE_CHECKING:
-    from ragen_jax.models.qwen2 import Attention, KVCache, Qwen2, Qwen2Config
+    from ragen_jax.models.decoder import Attention, KVCache, Decoder, DecoderConfig
 
 CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
 
@@ -85,7 +85,7 @@ def concat_qkv(attn: Attention) -> tuple[jax.Array, jax.Array]:
             jnp.concatenate([p.bias[...] for p in parts]))
 
 
-def fused_qkv(model: Qwen2) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
+def fused_qkv(model: Decoder) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
     """`DecodeContext.fused_qkv` for a decode loop: every layer's q/k/v kernels as one
     (`concat_qkv`) where `on_cpu_per_device` — a CPU matmul over a decode step's few rows costs
     about the same for 256 or 512 outputs, and a `small` decode step is ~3% faster — else None
@@ -104,7 +104,7 @@ class PerLayerKVCache:
     [B * kv_heads, S, head_dim] (tuples over layers), slot validity [B, S]. Each layer is then
     its own loop buffer, written in place and read by the attention matmuls as is: slicing a
     layer out of the stacked array copies it every step, and on CPU the score matmul is ~2x
-    faster with keys stored transposed. Reads and writes like `qwen2.KVCache`."""
+    faster with keys stored transposed. Reads and writes like `decoder.KVCache`."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -120,7 +120,7 @@ class PerLayerKVCache:
         return self.mask.shape[1]
 
     @classmethod
-    def empty(cls, cfg: Qwen2Config, batch: int, length: int, dtype) -> PerLayerKVCache:
+    def empty(cls, cfg: DecoderConfig, batch: int, length: int, dtype) -> PerLayerKVCache:
         """`length` slots, every one invalid."""
         mask = jnp.zeros((batch, length), bool)
         rows, hd = batch * cfg.num_kv_heads, cfg.head_dim

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint I/O: config.json + safetensors <-> `Qwen2`, and tokenizers.
+"""Hugging Face checkpoint I/O: config.json + safetensors <-> `Decoder`, and tokenizers.
 
 Loading builds the abstract model with `nnx.eval_shape` and places each weight directly with
 its sharding: every device shard is read from the safetensors file on its own, so no full
@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, fit_spec
+from ragen_jax.models.decoder import Decoder, DecoderConfig, fit_spec
 
 ARCHITECTURE = "Qwen2ForCausalLM"
 BUILTIN_TOKENIZER = str(Path(__file__).resolve().parent.parent / "text" / "assets")
@@ -28,7 +28,7 @@ _INDEX = "model.safetensors.index.json"
 # ----------------------------------------------------------------------------- config
 
 
-def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen2Config:
+def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> DecoderConfig:
     """Our config from a Hugging Face Qwen2 config.json dict (transformers 4 or 5 layout)."""
     archs = hf.get("architectures") or []
     if ARCHITECTURE not in archs and not (not archs and hf.get("model_type") == "qwen2"):
@@ -55,10 +55,10 @@ def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen2C
         initializer_range=hf.get("initializer_range", 0.02),
     )
     fields.update(overrides)
-    return Qwen2Config(**fields)
+    return DecoderConfig(**fields)
 
 
-def config_to_hf(cfg: Qwen2Config, dtype: str) -> dict:
+def config_to_hf(cfg: DecoderConfig, dtype: str) -> dict:
     """config.json contents that transformers 5 (and 4.x, via rope_theta) read as Qwen2."""
     eos = list(cfg.eos_token_ids)
     return {
@@ -156,14 +156,14 @@ def _weight_files(path: Path) -> dict[str, Path]:
 def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
                     dtype: str | None = None, param_dtype: str | None = None,
                     remat: bool = False, remat_policy: str = "full", scan_layers: bool = False,
-                    vocab_chunk: int = 0) -> Qwen2:
-    """A `Qwen2` from a local Hugging Face directory (config.json + safetensors).
+                    vocab_chunk: int = 0) -> Decoder:
+    """A `Decoder` from a local Hugging Face directory (config.json + safetensors).
 
     With a mesh every weight is created directly with its sharding (each device reads only
     its shard); without one it goes to the default device. dtype / param_dtype override the
     compute and storage dtypes (default float32). `scan_layers`: the per-layer tensors are
     stacked into the scanned model's [num_layers, ...] weights as they are read. remat,
-    remat_policy, vocab_chunk: see `Qwen2Config`.
+    remat_policy, vocab_chunk: see `DecoderConfig`.
     """
     path = Path(path)
     overrides = {"remat": remat, "remat_policy": remat_policy, "scan_layers": scan_layers, "vocab_chunk": vocab_chunk}
@@ -173,7 +173,7 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
         overrides["param_dtype"] = param_dtype
     cfg = config_from_hf(_read_config(path), str(path / "config.json"), **overrides)
     files = _weight_files(path)
-    abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     specs = nnx.to_flat_state(nnx.get_partition_spec(state))
     loaded, readers = [], {}
@@ -208,7 +208,7 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
     return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
-def stacked_param(cfg: Qwen2Config, path: tuple) -> bool:
+def stacked_param(cfg: DecoderConfig, path: tuple) -> bool:
     """Whether the parameter at `path` holds every layer's weight (a scanned model's layers)."""
     return cfg.scan_layers and str(path[0]) == "layers"
 
@@ -258,7 +258,7 @@ def load_tokenizer(path: str | os.PathLike = BUILTIN_TOKENIZER):
 # ----------------------------------------------------------------------------- saving
 
 
-def save_pretrained(model: Qwen2, path: str | os.PathLike, *, dtype: str | None = None,
+def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None,
                     max_shard_bytes: int = 5 * 2**30, tokenizer=None) -> None:
     """Write config.json + safetensors (sharded with an index past max_shard_bytes) that
     `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the

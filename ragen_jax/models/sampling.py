@@ -23,7 +23,7 @@ from flax import struct
 from jax.sharding import Mesh, PartitionSpec
 
 from ragen_jax.models.cpu_tuning import PerLayerKVCache, fused_qkv, in_row_chunks
-from ragen_jax.models.qwen2 import (ATTENTION_BLOCK, PREFILL_BLOCK, DecodeContext, KVCache, Qwen2, init_cache,
+from ragen_jax.models.decoder import (ATTENTION_BLOCK, PREFILL_BLOCK, DecodeContext, KVCache, Decoder, init_cache,
                                     positions_from_mask, rope_tables)
 
 
@@ -197,7 +197,7 @@ def _start_positions(cache: KVCache, offset) -> jax.Array:
     return jnp.sum(cache.mask & before, axis=-1).astype(jnp.int32)
 
 
-def prefill(model: Qwen2, cache: KVCache, tokens: jax.Array, mask: jax.Array, offset,
+def prefill(model: Decoder, cache: KVCache, tokens: jax.Array, mask: jax.Array, offset,
             prev_logits: jax.Array | None = None, query_block: int = ATTENTION_BLOCK):
     """Write the chunk tokens/mask [B, C] at slot `offset`; return (cache, logits [B, V]) of
     each sequence's last valid chunk token. Rows with no valid token in the chunk get
@@ -228,7 +228,7 @@ def draw_uniforms(key: jax.Array, num_steps: int, batch: int, params: SamplingPa
     return jax.random.uniform(key, (num_steps, batch), jnp.float32)
 
 
-def decode(model: Qwen2, cache: KVCache | PerLayerKVCache, logits: jax.Array, offset, key: jax.Array, *,
+def decode(model: Decoder, cache: KVCache | PerLayerKVCache, logits: jax.Array, offset, key: jax.Array, *,
            num_steps: int, params: SamplingParams = SamplingParams(),
            eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
            done: jax.Array | None = None, pad_id: int = 0,
@@ -325,7 +325,7 @@ class GenerateOutput:
 
 @functools.partial(jax.jit, static_argnames=("max_new_tokens", "params", "eos_ids", "stop_fn",
                                              "pad_id", "mesh"))
-def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
+def generate(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
              max_new_tokens: int, params: SamplingParams = SamplingParams(),
              eos_ids: tuple[int, ...] = (), stop_fn: Callable | None = None,
              pad_id: int = 0, mesh: Mesh | None = None) -> GenerateOutput:
@@ -351,7 +351,7 @@ def generate(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, key: jax.A
     return rows(model, prompt, prompt_mask, uniforms)
 
 
-def _generate_rows(model: Qwen2, prompt: jax.Array, prompt_mask: jax.Array, uniforms: jax.Array, *,
+def _generate_rows(model: Decoder, prompt: jax.Array, prompt_mask: jax.Array, uniforms: jax.Array, *,
                    max_new_tokens: int, params: SamplingParams, eos_ids: tuple[int, ...],
                    stop_fn: Callable | None, pad_id: int) -> GenerateOutput:
     """`generate` on the rows in hand, with their uniforms [max_new_tokens, rows]."""

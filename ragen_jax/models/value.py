@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.qwen2 import FSDP, Qwen2, Qwen2Config
+from ragen_jax.models.decoder import FSDP, Decoder, DecoderConfig
 
 
 class ValueModel(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
-        self.backbone = Qwen2(cfg, rngs=rngs)
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.backbone = Decoder(cfg, rngs=rngs)
         self.value_head = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)),
                                     out_sharding=(FSDP,), eager_sharding=False)
 
@@ -26,7 +26,7 @@ class ValueModel(nnx.Module):
                           preferred_element_type=jnp.float32)
 
 
-def critic_from_policy(policy: Qwen2) -> ValueModel:
+def critic_from_policy(policy: Decoder) -> ValueModel:
     """A critic whose backbone is a copy of `policy` (weights copied, not shared)."""
     critic = nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0)))
     backbone_state = jax.tree.map(jnp.copy, nnx.state(policy))

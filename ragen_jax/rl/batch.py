@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.models.qwen2 import DecodeContext, Qwen2, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache, positions_from_mask, token_logprobs
 from ragen_jax.models.value import ValueModel
 from ragen_jax.rollout.play import Trajectories
 
@@ -91,7 +91,7 @@ def compact(batch: Batch, multiple: int = 64) -> Batch:
                                            jnp.int32))
 
 
-def backbone_hidden(model: Qwen2, batch: Batch) -> jax.Array:
+def backbone_hidden(model: Decoder, batch: Batch) -> jax.Array:
     """Final hidden states [B, S, d] of the whole buffer. The shared prefix runs once, for the
     first row; the rest of every row attends to its keys/values (a `KVCache.shared` cache:
     one row read by all), exactly as it would to its own copy."""
@@ -107,7 +107,7 @@ def backbone_hidden(model: Qwen2, batch: Batch) -> jax.Array:
     return jnp.concatenate([jnp.broadcast_to(prefix, (rows,) + prefix.shape[1:]), rest], axis=1)
 
 
-def policy_logprobs(model: Qwen2, batch: Batch, temperature: float):
+def policy_logprobs(model: Decoder, batch: Batch, temperature: float):
     """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
     policy at the sampling temperature (what the sampler's recorded log-probs measure):
     each token's own (`batch.temperatures`) when the batch has them, else `temperature`."""

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import Qwen2, init_cache
+from ragen_jax.models.decoder import Decoder, init_cache
 from ragen_jax.rollout.play import RolloutConfig, RowPart
 from ragen_jax.text.codec import TextCodec, action_starts_next, ends_with_answer_close
 from ragen_jax.text.prompt import PromptTemplate
@@ -53,7 +53,7 @@ class ScriptedPolicy(Policy):
 
 @dataclasses.dataclass(frozen=True)
 class ModelPolicy(Policy):
-    model: Qwen2
+    model: Decoder
     max_new_tokens: int
     params: sampling.SamplingParams
     eos_ids: tuple[int, ...]
@@ -78,7 +78,7 @@ class ModelPolicy(Policy):
                                switch_params=self.action_params, uniforms=uniforms)
 
 
-def model_policy(model: Qwen2, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig,
+def model_policy(model: Decoder, codec: TextCodec, prompt: PromptTemplate, config: RolloutConfig,
                  part: RowPart | None = None) -> ModelPolicy:
     """Sampling from `model`, stopping at `</answer>` or at the chat's end-of-message token
     (and, with `config.action_sampling`, drawing each action's first token with it); `part`:

@@ -292,7 +292,7 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
 
 
 def model_options(config: ml_collections.ConfigDict) -> dict:
-    """The `Qwen2Config` fields the `model` section sets (a saved config that predates a key
+    """The `DecoderConfig` fields the `model` section sets (a saved config that predates a key
     gets its default)."""
     return {key: config.model.get(key, getattr(ModelSection, key)) for key in MODEL_NUMERICS}
 

@@ -17,7 +17,7 @@ import ml_collections
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2, Qwen2Config, init_model, shard_model
+from ragen_jax.models.decoder import Decoder, DecoderConfig, init_model, shard_model
 from ragen_jax.run import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved
@@ -35,14 +35,14 @@ class Experiment:
     tokenizer: Any
     codec: TextCodec
     prompt: PromptTemplate
-    model: Qwen2
+    model: Decoder
     mesh: jax.sharding.Mesh | None
 
     def trainer(self) -> Trainer:
         return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
 
 
-def load_model(m: ModelSection, seed: int, mesh) -> tuple[Qwen2, Any]:
+def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:
     """The policy and its tokenizer: a local Hugging Face checkpoint (`model.path`), or the
     built-in preset with the built-in tokenizer, randomly initialised from `seed` and then,
     if `model.init` names a workdir, loaded with that run's latest policy."""
@@ -55,7 +55,7 @@ def load_model(m: ModelSection, seed: int, mesh) -> tuple[Qwen2, Any]:
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
     else:
-        cfg = Qwen2Config.preset(m.preset, **m.options())
+        cfg = DecoderConfig.preset(m.preset, **m.options())
         model = init_model(cfg, jax.random.key(seed))
         tokenizer = hf.load_tokenizer()
         if mesh is not None:
@@ -81,7 +81,7 @@ def resolve_init(init: str) -> Path:
     return Path(init)
 
 
-def load_initial_weights(model: Qwen2, init: str) -> None:
+def load_initial_weights(model: Decoder, init: str) -> None:
     """Overwrite `model`'s weights from `init`: a training or SFT workdir (its latest orbax
     checkpoint), a Hugging Face directory, or `builtin:<name>` (a shipped warm start)."""
     from flax import nnx

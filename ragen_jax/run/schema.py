@@ -16,7 +16,7 @@ import math
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import PRESETS, REMAT_POLICIES
+from ragen_jax.models.decoder import PRESETS, REMAT_POLICIES
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig
@@ -80,7 +80,7 @@ class EnvSection:
         return {**({} if self.max_steps is None else {"max_steps": self.max_steps}), **slip}
 
 
-# The `model` keys that are `Qwen2Config` fields (its numerics); the rest say where weights come from.
+# The `model` keys that are `DecoderConfig` fields (its numerics); the rest say where weights come from.
 MODEL_NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
 
 
@@ -94,7 +94,7 @@ class ModelSection:
     dtype: str = "float32"
     param_dtype: str = "float32"
     # rematerialise each layer in the backward pass, keeping what `remat_policy` names
-    # (full | minimal | dots: ragen_jax.models.qwen2.REMAT_POLICIES)
+    # (full | minimal | dots: ragen_jax.models.decoder.REMAT_POLICIES)
     remat: bool = False
     remat_policy: str = "full"
     # one layer's program scanned over stacked weights (compile time independent of depth)
@@ -121,7 +121,7 @@ class ModelSection:
                              f"{', '.join(REMAT_POLICIES)}")
 
     def options(self) -> dict:
-        """The `Qwen2Config` fields this section sets."""
+        """The `DecoderConfig` fields this section sets."""
         return {key: getattr(self, key) for key in MODEL_NUMERICS}
 
 

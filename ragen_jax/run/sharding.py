@@ -1,7 +1,7 @@
 """Device mesh and placement rules (docs/architecture.md#sharding-by-mesh).
 
 One mesh with axes (`data`, `fsdp`, `tensor`). Parameters carry partition specs over `fsdp`
-and `tensor` (set where each weight is declared, `models/qwen2.py`); an axis that does not
+and `tensor` (set where each weight is declared, `models/decoder.py`); an axis that does not
 divide a dimension is dropped (that dimension is replicated). Trajectory rows — env groups,
 token buffers, KV caches — are split over `data` × `fsdp`. The same train step runs on one
 CPU, on 8 fake CPU devices and on a TPU slice; only the mesh changes.
@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ragen_jax.models.qwen2 import ROWS, fit_spec  # ROWS: the mesh axes trajectory rows are split over
+from ragen_jax.models.decoder import ROWS, fit_spec  # ROWS: the mesh axes trajectory rows are split over
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -37,7 +37,7 @@ def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
 
 def tracing_on(mesh: Mesh | None):
     """The context to trace a program for `mesh` in (`jax.set_mesh`; nothing without a mesh):
-    the model then keeps its activations' rows split over the mesh (`qwen2.constrain_rows`)."""
+    the model then keeps its activations' rows split over the mesh (`decoder.constrain_rows`)."""
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 

@@ -10,7 +10,7 @@ warning line (turns > 1), the user content, then the generation prompt and the `
 prefix. The text of the whole conversation is the tokenizer's chat template over those
 messages plus `<think>`.
 
-The observation of a later turn starts by closing the assistant message (Qwen2:
+The observation of a later turn starts by closing the assistant message (Decoder:
 `<|im_end|>`). When the generation already ended with that token (decode stops on eos), pass
 `closed=True` and it is not repeated; `end_of_message_id` is that token (-1 without one).
 

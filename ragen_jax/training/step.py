@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from ragen_jax.envs.base import Environment
-from ragen_jax.models.qwen2 import Qwen2, for_inference
+from ragen_jax.models.decoder import Decoder, for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, update
@@ -265,7 +265,7 @@ class Trainer:
     text tables; `update(state, traj, key)` the compiled filter → advantages → update on a
     given rollout."""
 
-    def __init__(self, config: StepConfig, policy: Qwen2, env: Environment, env_params: Any, codec: TextCodec,
+    def __init__(self, config: StepConfig, policy: Decoder, env: Environment, env_params: Any, codec: TextCodec,
                  prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None):
         self.config, self.env, self.env_params, self.codec, self.prompt, self.mesh = (
             config, env, env_params, codec, prompt, mesh)
@@ -303,7 +303,7 @@ class Trainer:
         """The step's rollout alone (benchmarks time it)."""
         return play_rollout(self.setup, policy_state, key, codec, prompt)
 
-    def init_state(self, key: jax.Array, policy: Qwen2, critic: ValueModel | None = None) -> TrainState:
+    def init_state(self, key: jax.Array, policy: Decoder, critic: ValueModel | None = None) -> TrainState:
         """A fresh state: the policy's weights, a critic copied from them (PPO), the frozen
         reference (KL only), optimiser states, and on a mesh everything placed by its rules."""
         algo = self.config.algo

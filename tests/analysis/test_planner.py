@@ -12,7 +12,7 @@ import pytest
 
 from ragen_jax.analysis import planner
 from ragen_jax.cli import plan
-from ragen_jax.models.qwen2 import Qwen2Config
+from ragen_jax.models.decoder import DecoderConfig
 from ragen_jax.run import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def result():
 
 
 def test_parameter_bytes_match_the_analytic_count(result):
-    cfg = Qwen2Config.preset("qwen2.5-0.5b")
+    cfg = DecoderConfig.preset("qwen2.5-0.5b")
     assert result.num_params == cfg.num_params() == 494_032_768  # Qwen2.5-0.5B's published count
     # Under FSDP over 8 devices every matrix is split 8 ways; biases and norms (0.01% of the
     # weights) stay whole on every device.

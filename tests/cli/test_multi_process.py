@@ -60,10 +60,10 @@ def records(workdir):
 def policy(workdir):
     from flax import nnx
 
-    from ragen_jax.models.qwen2 import Qwen2, Qwen2Config
+    from ragen_jax.models.decoder import Decoder, DecoderConfig
     from ragen_jax.run.checkpoint import Checkpoints
 
-    like = nnx.state(nnx.eval_shape(lambda: Qwen2(Qwen2Config.preset("tiny"), rngs=nnx.Rngs(0))))
+    like = nnx.state(nnx.eval_shape(lambda: Decoder(DecoderConfig.preset("tiny"), rngs=nnx.Rngs(0))))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
     restored = Checkpoints(workdir, read_only=True).restore_policy(STEPS, like)

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from ragen_jax.diagnostics.cross_scoring import cross_score, reasoning_mi
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
 
 N, P, M, Z = 3, 7, 5, 6
 
 
 @pytest.fixture(scope="module")
 def model():
-    return init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
+    return init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
 
 
 @pytest.fixture(scope="module")

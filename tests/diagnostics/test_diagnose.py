@@ -16,7 +16,7 @@ from ragen_jax.diagnostics.buffer_scoring import mean_and_sum
 from ragen_jax.diagnostics.cross_scoring import cross_score
 from ragen_jax.diagnostics.diagnose import (DiagnosticsConfig, DiagnosticsState, _score, action_reasoning_scores,
                                             buffer_cache, diagnose)
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
 
 from diag_synthetic import build, random_rows
 
@@ -25,7 +25,7 @@ from diag_synthetic import build, random_rows
 SYSTEM, THINK, CLOSE, END = (5, 6, 7), 30, 31, 32
 CELLS, NOTES = (20, 26), (40, 44)
 GROUPS, SIZE, OBS, GEN, Z = 4, 4, 7, 9, 5
-CFG = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+CFG = DecoderConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                   rope_theta=10_000.0, max_position_embeddings=512)
 CONFIG = DiagnosticsConfig(num_samples=GROUPS * SIZE, per_turn_samples=8, answer_tokens=4)
 PREFIXES = ("first_turn", "trajectory", "turn0", "turn1", "action_state", "action_reasoning")

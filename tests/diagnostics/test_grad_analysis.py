@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ragen_jax.diagnostics.grad_analysis import bucket_capacity, gradient_norms, reward_std_buckets
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
+from ragen_jax.models.decoder import DecoderConfig, init_model
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import losses
 from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs
@@ -118,8 +118,8 @@ def setup():
     tok = hf.load_tokenizer()
     codec = TextCodec.build(tok, env, ROLLOUT.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, ROLLOUT.max_actions_per_turn)
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
-    reference = init_model(Qwen2Config.preset("tiny"), jax.random.key(1))  # differs: KL has a gradient
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
+    reference = init_model(DecoderConfig.preset("tiny"), jax.random.key(1))  # differs: KL has a gradient
     return env, params, codec, prompt, model, reference
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.models import cpu_tuning, hf, sampling
-from ragen_jax.models.qwen2 import DecodeContext, init_cache, positions_from_mask
+from ragen_jax.models.decoder import DecodeContext, init_cache, positions_from_mask
 
 from hf_reference import VOCAB, hf_logits
 
@@ -107,9 +107,9 @@ def test_fused_qkv_matches_transformers_and_the_separate_projections(hf_models, 
 def test_per_layer_cache_round_trips_through_the_stacked_one():
     """`from_stacked` then `merge_into` writes the same keys, values and mask back, and the
     per-layer keys are the stacked ones transposed with batch and kv heads merged."""
-    from ragen_jax.models.qwen2 import Qwen2Config
+    from ragen_jax.models.decoder import DecoderConfig
 
-    cfg = Qwen2Config.preset("tiny")
+    cfg = DecoderConfig.preset("tiny")
     stacked = init_cache(cfg, 2, 8)
     shape = stacked.k.shape
     keys, values = (jax.random.normal(jax.random.key(seed), shape) for seed in (0, 1))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.models.head import chunked_logprobs
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, token_logprobs
+from ragen_jax.models.decoder import DecoderConfig, init_model, token_logprobs
 
 
 def numpy_reference(hidden, weight, targets):
@@ -71,7 +71,7 @@ def test_token_logprobs_with_a_vocabulary_chunk_equal_the_whole_vocabulary():
     parameter (the tied head included) agree with `vocab_chunk` 0."""
     from flax import nnx
 
-    cfg = Qwen2Config.preset("tiny")
+    cfg = DecoderConfig.preset("tiny")
     model = init_model(cfg, jax.random.key(0))
     chunked = init_model(dataclasses.replace(cfg, vocab_chunk=300), jax.random.key(0))
     rng = np.random.default_rng(1)
@@ -94,7 +94,7 @@ def test_the_gradient_keeps_no_per_chunk_logits():
     """Differentiated under a loop (as a scan over micro-batches would be), the program holds
     no [chunks, positions, chunk] array — what autodiff of the forward's vocabulary loop keeps
     (masks or logits per chunk)."""
-    cfg = Qwen2Config.preset("tiny", vocab_chunk=300)
+    cfg = DecoderConfig.preset("tiny", vocab_chunk=300)
     from flax import nnx
 
     graph, params = nnx.split(init_model(cfg, jax.random.key(0)))
@@ -114,4 +114,4 @@ def test_the_gradient_keeps_no_per_chunk_logits():
 
 def test_negative_vocab_chunk_is_refused():
     with pytest.raises(ValueError, match="vocab_chunk=-1 must be >= 0"):
-        Qwen2Config.preset("tiny", vocab_chunk=-1)
+        DecoderConfig.preset("tiny", vocab_chunk=-1)

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
+from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
 
@@ -53,7 +53,7 @@ def test_round_trip_through_transformers(hf_models, batch, tmp_path, name):
 
 
 def test_builtin_tiny_model_exports_and_reloads(tmp_path, batch):
-    cfg = Qwen2Config.preset("tiny", rope_theta=777.0)
+    cfg = DecoderConfig.preset("tiny", rope_theta=777.0)
     model = init_model(cfg, jax.random.key(1))
     hf.save_pretrained(model, tmp_path, max_shard_bytes=400_000, tokenizer=hf.load_tokenizer())
     assert (tmp_path / "model.safetensors.index.json").is_file()
@@ -156,7 +156,7 @@ def test_unsupported_checkpoint_settings(tmp_path):
 @pytest.mark.parametrize("max_shard_bytes", [5 * 2**30, 400_000])  # one file, several with an index
 def test_exported_files_get_the_mode_open_gives(tmp_path, max_shard_bytes):
     """safetensors creates its files 0600; the export's files all read as open() makes them."""
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(3))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(3))
     umask = os.umask(0o027)
     try:
         hf.save_pretrained(model, tmp_path, max_shard_bytes=max_shard_bytes, tokenizer=hf.load_tokenizer())
@@ -168,7 +168,7 @@ def test_exported_files_get_the_mode_open_gives(tmp_path, max_shard_bytes):
 
 
 def test_export_interrupted_midway_leaves_nothing_loadable(tmp_path, monkeypatch):
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(2))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(2))
     calls = []
 
     def failing_save(tensors, filename, metadata=None):

@@ -13,7 +13,7 @@ from flax import nnx
 from transformers import Qwen2ForCausalLM
 
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.qwen2 import (REMAT_POLICIES, Qwen2Config, init_model, positions_from_mask, stack_layers,
+from ragen_jax.models.decoder import (REMAT_POLICIES, DecoderConfig, init_model, positions_from_mask, stack_layers,
                                     stacked_layout, unstack_layers)
 
 from hf_reference import VOCAB, hf_logits
@@ -71,7 +71,7 @@ def test_scanned_logits_match_transformers_and_the_unrolled_model(models, holey)
 
 
 def test_random_init_equals_the_per_layer_models_stacked():
-    cfg = Qwen2Config.preset("tiny")
+    cfg = DecoderConfig.preset("tiny")
     per_layer = nnx.to_pure_dict(nnx.state(init_model(cfg, jax.random.key(3))))
     scanned = nnx.to_pure_dict(nnx.state(init_model(dataclasses.replace(cfg, scan_layers=True), jax.random.key(3))))
     for a, b in zip(jax.tree.leaves(stack_layers(per_layer)), jax.tree.leaves(scanned)):
@@ -99,7 +99,7 @@ def test_scanned_decode_into_a_buffer_matches_a_full_forward(models):
     rng = np.random.default_rng(8)
     b, p, gap, new = 2, 12, 6, 10
     prompt = jnp.asarray(rng.integers(3, VOCAB, size=(b, p)), jnp.int32)
-    from ragen_jax.models.qwen2 import init_cache
+    from ragen_jax.models.decoder import init_cache
 
     cache = init_cache(model.cfg, b, p + gap + new + 5)
     cache, first = sampling.prefill(model, cache, prompt, jnp.ones((b, p), bool), 0)
@@ -163,7 +163,7 @@ def test_stacked_load_onto_a_mesh_reads_each_shard(hf_models, holey):
 
 
 def test_layout_conversions_round_trip():
-    cfg = Qwen2Config.preset("tiny")
+    cfg = DecoderConfig.preset("tiny")
     per_layer = nnx.to_pure_dict(nnx.state(init_model(cfg, jax.random.key(0))))
     stacked = stack_layers(per_layer)
     back = unstack_layers(stacked, cfg.num_layers)
@@ -177,7 +177,7 @@ def test_a_checkpoint_restores_its_policy_into_either_layout(tmp_path, saved_sca
     from ragen_jax.run.checkpoint import Checkpoints
     from ragen_jax.training.step import TrainState
 
-    cfg = Qwen2Config.preset("tiny", scan_layers=saved_scanned)
+    cfg = DecoderConfig.preset("tiny", scan_layers=saved_scanned)
     saved = init_model(cfg, jax.random.key(0))
     state = TrainState(step=jnp.int32(3), key=jax.random.key(0), policy=nnx.state(saved), policy_opt=None,
                        critic=None, critic_opt=None, reference=None, empty_streak=jnp.int32(0), diagnostics=None)

@@ -1,4 +1,4 @@
-"""The built-in tokenizer: loads like a checkpoint's, pre-tokenizes like Qwen2, chat template."""
+"""The built-in tokenizer: loads like a checkpoint's, pre-tokenizes like Decoder, chat template."""
 
 import json
 
@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from ragen_jax.models.hf import BUILTIN_TOKENIZER, load_tokenizer
-from ragen_jax.models.qwen2 import PRESETS
+from ragen_jax.models.decoder import PRESETS
 from ragen_jax.text import build_tokenizer
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.envs.solver import solve_sokoban
-from ragen_jax.models.qwen2 import Qwen2Config, init_model, positions_from_mask
+from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask
 from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.answer_re import parse_answer_text
@@ -86,7 +86,7 @@ def test_garbage_policy_only_collects_format_penalties(setup):
 def model_rollout(setup):
     """A rollout of a random-init tiny model (compiled once for the tests below)."""
     env, params, _, codec, prompt = setup
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(3))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(3))
     key = jax.random.key(2)
     go = jax.jit(lambda k, m: rollout(k, model_policy(m, codec, prompt, CONFIG), env, params, codec, prompt, CONFIG))
     return model, key, go(key, model)

@@ -9,7 +9,7 @@ from flax import nnx
 
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models import sampling
-from ragen_jax.models.qwen2 import Qwen2Config, init_model
+from ragen_jax.models.decoder import DecoderConfig, init_model
 from ragen_jax.rollout.layout import BufferLayout
 from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.training.validation import EvalConfig, Validator, render_trajectories, validate, validation_rollout
@@ -48,8 +48,8 @@ def levels(setup):
 def validated(setup):
     """Two validations of a random tiny model and one of another model (one compile)."""
     env, params, _, codec, prompt = setup
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
-    other = init_model(Qwen2Config.preset("tiny"), jax.random.key(1))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
+    other = init_model(DecoderConfig.preset("tiny"), jax.random.key(1))
     validator = Validator(model, env, params, codec, prompt, EVAL, TRAIN)
     first = validator(nnx.state(model))
     again = validate(model, env, params, codec, prompt, EVAL, TRAIN)  # same static setting: no recompile
@@ -154,7 +154,7 @@ def test_validation_on_a_data_only_mesh_plays_like_one_device(setup, validated):
     from ragen_jax.run import sharding
 
     env, params, _, codec, prompt = setup
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
     metrics, traj = Validator(model, env, params, codec, prompt, EVAL, TRAIN,
                               sharding.make_mesh((2, 1, 1)))(nnx.state(model))
     ref_metrics, ref_traj = validated[0]

@@ -45,7 +45,7 @@ REMAT_POLICIES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen2Config:
+class DecoderConfig:
     """Shapes and numerics of a Qwen2 decoder. Frozen, so it can be a static jit argument."""
 
     vocab_size: int
@@ -94,7 +94,7 @@ class Qwen2Config:
                              f"{', '.join(REMAT_POLICIES)}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "Qwen2Config":
+    def preset(cls, name: str, **overrides) -> "DecoderConfig":
         """A named configuration; keyword overrides replace fields (e.g. dtype="bfloat16")."""
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
@@ -110,24 +110,24 @@ class Qwen2Config:
 
 _QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                bos_token_id=151643, eos_token_ids=(151645, 151643), pad_token_id=151643, scan_layers=True)
-PRESETS: dict[str, Qwen2Config] = {
+PRESETS: dict[str, DecoderConfig] = {
     # Real shapes (weights come from a checkpoint through hf.load_pretrained), layers scanned.
-    "qwen2.5-0.5b": Qwen2Config(hidden_size=896, intermediate_size=4864, num_layers=24,
+    "qwen2.5-0.5b": DecoderConfig(hidden_size=896, intermediate_size=4864, num_layers=24,
                                 num_heads=14, num_kv_heads=2, **_QWEN25),
-    "qwen2.5-1.5b": Qwen2Config(hidden_size=1536, intermediate_size=8960, num_layers=28,
+    "qwen2.5-1.5b": DecoderConfig(hidden_size=1536, intermediate_size=8960, num_layers=28,
                                 num_heads=12, num_kv_heads=2, **_QWEN25),
-    "qwen2.5-3b": Qwen2Config(hidden_size=2048, intermediate_size=11008, num_layers=36,
+    "qwen2.5-3b": DecoderConfig(hidden_size=2048, intermediate_size=11008, num_layers=36,
                               num_heads=16, num_kv_heads=2, **_QWEN25),
-    "qwen2.5-7b": Qwen2Config(**{**_QWEN25, "vocab_size": 152064}, hidden_size=3584,
+    "qwen2.5-7b": DecoderConfig(**{**_QWEN25, "vocab_size": 152064}, hidden_size=3584,
                               intermediate_size=18944, num_layers=28, num_heads=28,
                               num_kv_heads=4, tie_word_embeddings=False),
     # CPU-sized models over the built-in 1024-token tokenizer (ids: 0 <|endoftext|>,
     # 1 <|im_start|>, 2 <|im_end|>). Head dims of 32/64: XLA's CPU matmuls are several times
     # slower per FLOP at head_dim 16.
-    "tiny": Qwen2Config(vocab_size=1024, hidden_size=96, intermediate_size=384, num_layers=3,
+    "tiny": DecoderConfig(vocab_size=1024, hidden_size=96, intermediate_size=384, num_layers=3,
                         num_heads=3, num_kv_heads=1, rope_theta=10_000.0, max_position_embeddings=4096,
                         eos_token_ids=(2, 0), pad_token_id=0),
-    "small": Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_layers=4,
+    "small": DecoderConfig(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_layers=4,
                          num_heads=4, num_kv_heads=2, rope_theta=10_000.0, max_position_embeddings=4096,
                          eos_token_ids=(2, 0), pad_token_id=0),
 }
@@ -136,7 +136,7 @@ PRESETS: dict[str, Qwen2Config] = {
 # ----------------------------------------------------------------------------- RoPE
 
 
-def rope_frequencies(cfg: Qwen2Config) -> tuple[np.ndarray, float]:
+def rope_frequencies(cfg: DecoderConfig) -> tuple[np.ndarray, float]:
     """Inverse frequencies [head_dim/2] and the cos/sin scale, as transformers computes them."""
     dim, base = cfg.head_dim, cfg.rope_theta
     extra = dict(cfg.rope_scaling)
@@ -177,7 +177,7 @@ def rope_frequencies(cfg: Qwen2Config) -> tuple[np.ndarray, float]:
     return inv.astype(np.float32), float(attn)
 
 
-def rope_tables(cfg: Qwen2Config, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+def rope_tables(cfg: DecoderConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos/sin tables [B, T, head_dim] in f32 for integer positions [B, T]."""
     inv_freq, scale = rope_frequencies(cfg)
     freqs = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)
@@ -235,7 +235,7 @@ class KVCache:
         return self.k.dtype
 
 
-def init_cache(cfg: Qwen2Config, batch: int, length: int, dtype=None,
+def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype=None,
                layered: bool = False) -> KVCache | PerLayerKVCache:
     """An empty cache of `length` slots (every slot invalid), in the compute dtype by default.
     `layered`: already a decode loop's `PerLayerKVCache`, for a cache filled once at slot 0 and
@@ -259,7 +259,7 @@ def positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Arra
 
 @dataclasses.dataclass(frozen=True)
 class DecodeContext:
-    """Where one `Qwen2.__call__` reads and writes a KV cache, and which slots it returns. The
+    """Where one `Decoder.__call__` reads and writes a KV cache, and which slots it returns. The
     defaults are a plain forward: the T slots attend among themselves. Built inside the traced
     function (a Python int `offset` stays static).
 
@@ -297,7 +297,7 @@ class DecodeContext:
 # ----------------------------------------------------------------------------- layers
 
 
-def _param(rngs: nnx.Rngs | None, shape, cfg: Qwen2Config, spec, init: str = "normal") -> nnx.Param:
+def _param(rngs: nnx.Rngs | None, shape, cfg: DecoderConfig, spec, init: str = "normal") -> nnx.Param:
     dtype = jnp.dtype(cfg.param_dtype)
     if init == "normal":
         value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, jnp.float32)
@@ -309,7 +309,7 @@ def _param(rngs: nnx.Rngs | None, shape, cfg: Qwen2Config, spec, init: str = "no
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, rngs: nnx.Rngs):
         self.weight = _param(rngs, (cfg.hidden_size,), cfg, (None,), "ones")
         self.eps = cfg.rms_norm_eps
 
@@ -337,7 +337,7 @@ class Linear(nnx.Module):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
         self.q_proj = Linear(cfg, rngs, d, cfg.num_heads * hd, (FSDP, TENSOR), bias=True)
@@ -438,7 +438,7 @@ def _attend(q, k, v, attn_mask, kvh, layered=False):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, rngs: nnx.Rngs):
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
         self.up_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
@@ -458,7 +458,7 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, rngs: nnx.Rngs):
         self.input_layernorm = RMSNorm(cfg, rngs)
         self.self_attn = Attention(cfg, rngs)
         self.post_attention_layernorm = RMSNorm(cfg, rngs)
@@ -472,10 +472,10 @@ class Block(nnx.Module):
         return h + self.mlp(self.post_attention_layernorm(h), in_chunks=cache is not None), cache
 
 
-class Qwen2(nnx.Module):
+class Decoder(nnx.Module):
     """Decoder + LM head. `__call__` returns final-normed hidden states; `logits` projects them."""
 
-    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP))
         blocks = [Block(cfg, rngs) for _ in range(cfg.num_layers)]
@@ -595,7 +595,7 @@ def unstack_layers(tree: dict, num_layers: int, take=lambda x, i: x[i]) -> dict:
     return {**tree, "layers": {i: jax.tree.map(lambda x: take(x, i), tree["layers"]) for i in range(num_layers)}}
 
 
-def for_inference(model: Qwen2) -> Qwen2:
+def for_inference(model: Decoder) -> Decoder:
     """The model as the programs that only run it forward (rollout, diagnostics, validation) use
     it: weights cast to the compute dtype once up front instead of at every use inside their
     loops (the same numbers: every use casts its weight to the compute dtype), and, traced
@@ -615,15 +615,15 @@ def for_inference(model: Qwen2) -> Qwen2:
     return model
 
 
-def init_model(cfg: Qwen2Config, key: jax.Array) -> Qwen2:
+def init_model(cfg: DecoderConfig, key: jax.Array) -> Decoder:
     """A randomly initialised model (normal(0, initializer_range) weights, unit norms)."""
-    return Qwen2(cfg, rngs=nnx.Rngs(params=key))
+    return Decoder(cfg, rngs=nnx.Rngs(params=key))
 
 
 # ----------------------------------------------------------------------------- log-probs
 
 
-def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
+def token_logprobs(model: Decoder, hidden: jax.Array, targets: jax.Array, *,
                    chunk_size: int = 128, with_entropy: bool = False):
     """log p(targets[b, i] | hidden[b, i]) for hidden [B, N, d], in chunks of N.
 
@@ -663,7 +663,7 @@ def token_logprobs(model: Qwen2, hidden: jax.Array, targets: jax.Array, *,
     return (picked, entropy) if with_entropy else picked
 
 
-def logprobs_at(model: Qwen2, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+def logprobs_at(model: Decoder, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                 query_idx: jax.Array, targets: jax.Array, *, chunk_size: int = 128,
                 with_entropy: bool = False):
     """Full forward over [B, T], then log-probs of `targets` [B, N] predicted at slots
@@ -720,7 +720,7 @@ def fit_spec(shape, spec, mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec
     return jax.sharding.PartitionSpec(*out)
 
 
-def param_shardings(model: Qwen2, mesh: jax.sharding.Mesh):
+def param_shardings(model: Decoder, mesh: jax.sharding.Mesh):
     """NamedSharding for every parameter, from its partition spec fitted to the mesh."""
     state = nnx.state(model)
     specs = nnx.get_partition_spec(state)
@@ -728,7 +728,7 @@ def param_shardings(model: Qwen2, mesh: jax.sharding.Mesh):
                         state, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
 
 
-def shard_model(model: Qwen2, mesh: jax.sharding.Mesh) -> Qwen2:
+def shard_model(model: Decoder, mesh: jax.sharding.Mesh) -> Decoder:
     """Place an existing model's parameters on a mesh (in place) and return it."""
     state = nnx.state(model)
     nnx.update(model, jax.device_put(state, param_shardings(model, mesh)))

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import hf
-from ragen_jax.models.qwen2 import (PRESETS, DecodeContext, Qwen2Config, init_model, logprobs_at, positions_from_mask,
+from ragen_jax.models.decoder import (PRESETS, DecodeContext, DecoderConfig, init_model, logprobs_at, positions_from_mask,
                                     rope_frequencies)
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
@@ -40,7 +40,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, quer
     """Past `query_block` slots (ATTENTION_BLOCK by default, PREFILL_BLOCK in `generate`), each
     block of queries reads only the keys up to its own last slot; the logits must still be
     transformers' (padding at both ends and a hole inside)."""
-    from ragen_jax.models.qwen2 import ATTENTION_BLOCK, PREFILL_BLOCK
+    from ragen_jax.models.decoder import ATTENTION_BLOCK, PREFILL_BLOCK
 
     assert (ATTENTION_BLOCK, PREFILL_BLOCK) == (128, 32)  # the parametrisation covers both
 
@@ -134,11 +134,11 @@ def test_presets_have_expected_sizes():
     assert 3.5e6 <= PRESETS["small"].num_params() <= 4.5e6
     assert abs(PRESETS["qwen2.5-0.5b"].num_params() - 494_032_768) < 1e6  # Qwen2.5-0.5B card: 0.49B
     assert PRESETS["qwen2.5-7b"].tie_word_embeddings is False
-    model = init_model(Qwen2Config.preset("tiny"), jax.random.key(0))
+    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
     count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert count == PRESETS["tiny"].num_params()
     with pytest.raises(ValueError, match="unknown model preset 'huge'"):
-        Qwen2Config.preset("huge")
+        DecoderConfig.preset("huge")
 
 
 def test_bf16_compute_is_close_to_f32(hf_models, batch):
@@ -153,7 +153,7 @@ def test_the_inference_copy_gives_the_same_numbers(hf_models, batch):
     bfloat16 once instead of cast at every use — bitwise the same logits; float32 compute keeps
     the weights as they are; under a mesh that splits the model the embedding/head is whole on
     every device and the rest stays split."""
-    from ragen_jax.models.qwen2 import for_inference
+    from ragen_jax.models.decoder import for_inference
     from ragen_jax.run import sharding
 
     model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")

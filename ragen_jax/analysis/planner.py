@@ -29,7 +29,6 @@ plans for Qwen2.5 0.5B–7B.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -270,7 +269,8 @@ def _text_setup(run, cfg):
 
 
 def model_config(config, preset: str | None):
-    """The model's shapes: `model.path`'s config.json (no weights read), or a preset."""
+    """The model's shapes: `model.path`'s config (config.json or a GGUF file's metadata; no
+    weights read), or a preset."""
     from ragen_jax.models import hf
     from ragen_jax.models.decoder import PRESETS, DecoderConfig
     from ragen_jax.run.config import ConfigError, model_options
@@ -278,13 +278,14 @@ def model_config(config, preset: str | None):
     m = config.model
     numerics = model_options(config)
     if m.path:
-        path = os.path.join(m.path, "config.json")
-        if not os.path.isfile(path):
-            raise ConfigError(f"model.path={m.path!r} has no config.json (a local Hugging Face checkpoint directory)")
         try:
-            return hf.config_from_hf(json.loads(open(path).read()), path, **numerics), os.path.basename(m.path.rstrip("/"))
+            hf_config, _, where = hf.open_checkpoint(m.path)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
+        try:
+            return hf.config_from_hf(hf_config, where, **numerics), os.path.basename(m.path.rstrip("/"))
         except (ValueError, KeyError) as err:
-            raise ConfigError(f"{path}: {err}") from None
+            raise ConfigError(f"{where}: {err}") from None
     name = preset or (m.preset if m.preset in PRESETS else "")
     if not name:
         raise ConfigError("model.path is required by this config: a local Hugging Face checkpoint directory (only "

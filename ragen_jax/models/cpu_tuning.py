@@ -79,10 +79,10 @@ def map_row_blocks(fn, block: int, *arrays: jax.Array):
 
 def concat_qkv(attn: Attention) -> tuple[jax.Array, jax.Array]:
     """An attention layer's q, k and v projections as one kernel [hidden, (heads + 2 kv_heads) *
-    head_dim] and its bias (see `fused_qkv`)."""
+    head_dim] and its bias (None without biases: the Llama family; see `fused_qkv`)."""
     parts = (attn.q_proj, attn.k_proj, attn.v_proj)
-    return (jnp.concatenate([p.kernel[...] for p in parts], axis=1),
-            jnp.concatenate([p.bias[...] for p in parts]))
+    kernel = jnp.concatenate([p.kernel[...] for p in parts], axis=1)
+    return kernel, None if parts[0].bias is None else jnp.concatenate([p.bias[...] for p in parts])
 
 
 def fused_qkv(model: Decoder) -> tuple[tuple[jax.Array, jax.Array], ...] | None:

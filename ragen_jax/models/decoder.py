@@ -1,4 +1,6 @@
-"""Qwen2 decoder in Flax NNX, numerically matching Hugging Face `Qwen2ForCausalLM`.
+"""The Qwen2/Qwen2.5 and Llama decoder family in Flax NNX, numerically matching Hugging Face
+`Qwen2ForCausalLM` and `LlamaForCausalLM`: one code path, the families differing only in config
+fields (`attention_bias`: Qwen2's q/k/v biases; `rope_type`: Llama 3's "llama3" scaling).
 
 The model works on a fixed token buffer with *holes*
 (docs/architecture.md#static-shapes-slots-with-holes): every call takes
@@ -33,6 +35,9 @@ ROWS = ("data", FSDP)  # the mesh axes a batch's rows are split over
 _NEG_INF = -1e30
 ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
 PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see DecodeContext)
+# The Hugging Face classes this decoder reproduces (`DecoderConfig.architecture`).
+ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 # What a rematerialised block keeps for its backward pass (a `jax.checkpoint` policy): "full"
 # keeps only the block's input and recomputes the rest; "minimal" also keeps the outputs of its
 # weight matmuls (projections and MLP, not the attention scores); "dots" keeps every matmul
@@ -46,7 +51,7 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-    """Shapes and numerics of a Qwen2 decoder. Frozen, so it can be a static jit argument."""
+    """Shapes and numerics of a decoder (Qwen2 or Llama). Frozen, so it can be a static jit argument."""
 
     vocab_size: int
     hidden_size: int
@@ -56,7 +61,7 @@ class DecoderConfig:
     num_kv_heads: int
     head_dim: int = 0  # 0 means hidden_size // num_heads
     rope_theta: float = 1_000_000.0
-    rope_type: str = "default"  # "default" | "linear" | "yarn"
+    rope_type: str = "default"  # one of ROPE_TYPES
     rope_scaling: tuple[tuple[str, Any], ...] = ()  # the other rope_parameters entries
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
@@ -75,6 +80,10 @@ class DecoderConfig:
     # `token_logprobs`): the f32 logits of a 152K vocabulary are what the loss would hold most of.
     vocab_chunk: int = 0
     initializer_range: float = 0.02
+    # The Hugging Face class the weights came from (one of ARCHITECTURES), written back on export.
+    architecture: str = "Qwen2ForCausalLM"
+    # Biases on the q/k/v projections (Qwen2: yes; Llama: none).
+    attention_bias: bool = True
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -83,10 +92,15 @@ class DecoderConfig:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        if self.rope_type not in ("default", "linear", "yarn"):
-            raise ValueError(
-                f"rope_type={self.rope_type!r} is not supported; allowed: default, linear, yarn"
-            )
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type={self.rope_type!r} is not supported; allowed: {', '.join(ROPE_TYPES)}")
+        if self.rope_type == "llama3":
+            missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor")
+                       if dict(self.rope_scaling).get(k) is None]
+            if missing:
+                raise ValueError(f"rope_type='llama3' needs {', '.join(missing)} in rope_scaling")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r} is not supported; allowed: {', '.join(ARCHITECTURES)}")
         if self.vocab_chunk < 0:
             raise ValueError(f"vocab_chunk={self.vocab_chunk} must be >= 0 (0: the whole vocabulary at once)")
         if self.remat_policy not in REMAT_POLICIES:
@@ -102,7 +116,7 @@ class DecoderConfig:
 
     def num_params(self) -> int:
         d, h, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attn = d * h + h + 2 * (d * kv + kv) + h * d
+        attn = d * h + 2 * d * kv + h * d + (h + 2 * kv if self.attention_bias else 0)
         per_layer = attn + 3 * d * self.intermediate_size + 2 * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.vocab_size * d + self.num_layers * per_layer + d + head
@@ -147,6 +161,18 @@ def rope_frequencies(cfg: DecoderConfig) -> tuple[np.ndarray, float]:
     factor = float(extra["factor"]) if extra.get("factor") is not None else None
     if cfg.rope_type == "linear":
         return (inv_freq / np.float32(factor)).astype(np.float32), 1.0
+    if cfg.rope_type == "llama3":
+        # Llama 3.1: wavelengths past orig / low_freq_factor divided by factor, those below
+        # orig / high_freq_factor kept, a linear blend between
+        orig = np.float32(extra.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+        low, high = np.float32(extra["low_freq_factor"]), np.float32(extra["high_freq_factor"])
+        factor = np.float32(factor)
+        wavelen = np.float32(2 * math.pi) / inv_freq
+        scaled = np.where(wavelen > orig / low, inv_freq / factor, inv_freq)
+        smooth = (orig / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+        return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
     # yarn: blend interpolated and extrapolated frequencies with a linear ramp.
     orig = extra.get("original_max_position_embeddings") or cfg.max_position_embeddings
     if factor is None:
@@ -340,9 +366,10 @@ class Attention(nnx.Module):
     def __init__(self, cfg: DecoderConfig, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
-        self.q_proj = Linear(cfg, rngs, d, cfg.num_heads * hd, (FSDP, TENSOR), bias=True)
-        self.k_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
-        self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=True)
+        bias = cfg.attention_bias
+        self.q_proj = Linear(cfg, rngs, d, cfg.num_heads * hd, (FSDP, TENSOR), bias=bias)
+        self.k_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=bias)
+        self.v_proj = Linear(cfg, rngs, d, cfg.num_kv_heads * hd, (FSDP, TENSOR), bias=bias)
         self.o_proj = Linear(cfg, rngs, cfg.num_heads * hd, d, (TENSOR, FSDP))
 
     def __call__(self, x, cos, sin, attn_mask, cache: KVCache | PerLayerKVCache | None, layer: int, offset,
@@ -352,7 +379,7 @@ class Attention(nnx.Module):
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
         if fused is None:
             k, v = self.k_proj(x), self.v_proj(x)
-        else:  # `cpu_tuning.concat_qkv` (kernel, bias), computed once by the caller
+        else:  # `cpu_tuning.concat_qkv` (kernel, bias or None), computed once by the caller
             every_q, k, v = jnp.split(affine(x, *fused), (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
         # keys/values as [B, kv_heads, T, head_dim], the cache layout
         k = apply_rope(k.reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)

@@ -1,15 +1,21 @@
-"""Hugging Face checkpoint I/O: config.json + safetensors <-> `Decoder`, and tokenizers.
+"""Hugging Face checkpoint I/O for the decoder family (`Qwen2ForCausalLM`, `LlamaForCausalLM`):
+config.json + safetensors <-> `Decoder`, and tokenizers. A checkpoint is read as a config.json
+dict and a tensor source (`.keys()`, `.array(name)` in Hugging Face names and layout): a
+directory's safetensors, or a `.gguf` file through `gguf.GGUFCheckpoint`; `pkg:PACKAGE/FILE`
+names a file shipped in an installed package (`packaged.resolve`).
 
 Loading builds the abstract model with `nnx.eval_shape` and places each weight directly with
-its sharding: every device shard is read from the safetensors file on its own, so no full
+its sharding: every device shard is read from the checkpoint on its own, so no full
 second copy of the model is ever held (one tensor at most, when a weight is replicated).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,26 +24,58 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from ragen_jax.models.decoder import Decoder, DecoderConfig, fit_spec
+from ragen_jax.models import packaged
+from ragen_jax.models.decoder import ARCHITECTURES, Decoder, DecoderConfig, fit_spec
 
-ARCHITECTURE = "Qwen2ForCausalLM"
 BUILTIN_TOKENIZER = str(Path(__file__).resolve().parent.parent / "text" / "assets")
 _INDEX = "model.safetensors.index.json"
+# Hugging Face class -> its config.json model_type (decoder.ARCHITECTURES, in the same order)
+MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+assert tuple(MODEL_TYPES) == ARCHITECTURES
 
 
 # ----------------------------------------------------------------------------- config
 
 
 def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> DecoderConfig:
-    """Our config from a Hugging Face Qwen2 config.json dict (transformers 4 or 5 layout)."""
+    """Our config from a Hugging Face config.json dict (transformers 4 or 5 layout) of a
+    `Qwen2ForCausalLM` or `LlamaForCausalLM`. Anything this decoder would compute differently
+    (another architecture, MLP biases, sliding-window attention, another activation, partial
+    RoPE) is refused with a one-line ValueError naming `source`. `overrides` replace fields."""
+    supported = ", ".join(ARCHITECTURES)
     archs = hf.get("architectures") or []
-    if ARCHITECTURE not in archs and not (not archs and hf.get("model_type") == "qwen2"):
-        name = ", ".join(archs) or hf.get("model_type") or "unknown"
-        raise ValueError(f"{source}: architecture {name} is not supported; only {ARCHITECTURE}")
-    if hf.get("use_sliding_window"):
-        raise ValueError(f"{source}: use_sliding_window=true is not supported")
+    model_type = hf.get("model_type")
+    if archs:
+        arch = archs[0]
+    else:  # no architectures: the model_type says which class transformers would build
+        arch = next((a for a, t in MODEL_TYPES.items() if t == model_type), model_type or "unknown")
+    if arch not in MODEL_TYPES:
+        raise ValueError(f"{source}: architecture {', '.join(archs) or arch} is not supported; supported: {supported}")
+    if model_type is not None and model_type != MODEL_TYPES[arch]:
+        raise ValueError(f"{source}: architecture {arch} with model_type={model_type!r} is not supported; "
+                         f"supported: {', '.join(f'{a} (model_type {t!r})' for a, t in MODEL_TYPES.items())}")
+
+    def refuse(setting: str, want: str):
+        raise ValueError(f"{source}: {arch} with {setting} is not supported; supported: {want}")
+
+    llama = arch == "LlamaForCausalLM"
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse(f"hidden_act={hf['hidden_act']!r}", "hidden_act='silu'")
+    if hf.get("mlp_bias"):
+        refuse("mlp_bias=true", "MLPs without biases")
+    if llama and hf.get("attention_bias"):
+        refuse("attention_bias=true", "attention without biases (q/k/v/o biases are not implemented)")
+    window = hf.get("sliding_window")
+    if window is not None and (llama or hf.get("use_sliding_window")):
+        key = "sliding_window" if llama else "use_sliding_window=true, sliding_window"
+        refuse(f"{key}={window}", "full attention in every layer")
+    if "sliding_attention" in (hf.get("layer_types") or ()):
+        refuse("layer_types with 'sliding_attention'", "full attention in every layer")
     # transformers 5 keeps theta and scaling in rope_parameters; 4.x used rope_theta/rope_scaling.
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    partial = rope.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        refuse(f"partial_rotary_factor={partial}", "RoPE over the whole head (partial_rotary_factor 1)")
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     eos = hf.get("eos_token_id")
@@ -53,16 +91,27 @@ def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Decode
         max_position_embeddings=hf.get("max_position_embeddings", 32768),
         bos_token_id=hf.get("bos_token_id"), eos_token_ids=eos, pad_token_id=hf.get("pad_token_id"),
         initializer_range=hf.get("initializer_range", 0.02),
+        architecture=arch, attention_bias=not llama,
     )
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(DecoderConfig)})
+    if unknown:
+        raise ValueError(f"{source}: {', '.join(unknown)} is not a DecoderConfig field")
     fields.update(overrides)
     return DecoderConfig(**fields)
 
 
 def config_to_hf(cfg: DecoderConfig, dtype: str) -> dict:
-    """config.json contents that transformers 5 (and 4.x, via rope_theta) read as Qwen2."""
+    """config.json contents that transformers 5 (and 4.x, via rope_theta) read as the class the
+    weights came from (`cfg.architecture`)."""
+    llama = cfg.architecture == "LlamaForCausalLM"
+    if cfg.attention_bias == llama:  # transformers' class would add or drop q/k/v biases
+        raise ValueError(f"{cfg.architecture} with attention_bias={cfg.attention_bias} cannot be exported; "
+                         f"supported: Qwen2ForCausalLM with q/k/v biases, LlamaForCausalLM without")
     eos = list(cfg.eos_token_ids)
+    family = ({"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1} if llama else
+              {"use_sliding_window": False})
     return {
-        "architectures": [ARCHITECTURE], "model_type": "qwen2", "dtype": dtype,
+        "architectures": [cfg.architecture], "model_type": MODEL_TYPES[cfg.architecture], "dtype": dtype,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
@@ -71,7 +120,7 @@ def config_to_hf(cfg: DecoderConfig, dtype: str) -> dict:
         "rope_parameters": {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta,
                             **dict(cfg.rope_scaling)},
         "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": cfg.tie_word_embeddings, "use_sliding_window": False,
+        "tie_word_embeddings": cfg.tie_word_embeddings, **family,
         "attention_dropout": 0.0, "initializer_range": cfg.initializer_range, "use_cache": True,
         "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
         "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
@@ -98,6 +147,11 @@ def hf_name(path: tuple) -> tuple[str, bool]:
 
 
 # ----------------------------------------------------------------------------- loading
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """Whether `path` names a GGUF checkpoint file (by its `.gguf` suffix; it need not exist)."""
+    return os.fspath(path).lower().endswith(".gguf")
 
 
 def _read_config(path: Path) -> dict:
@@ -153,44 +207,71 @@ def _weight_files(path: Path) -> dict[str, Path]:
     return names
 
 
-def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
-                    dtype: str | None = None, param_dtype: str | None = None,
-                    remat: bool = False, remat_policy: str = "full", scan_layers: bool = False,
-                    vocab_chunk: int = 0) -> Decoder:
-    """A `Decoder` from a local Hugging Face directory (config.json + safetensors).
+class SafetensorsCheckpoint:
+    """A directory's tensors (one safetensors file, or several listed in the index json) by
+    Hugging Face name; each file is opened (memory-mapped) when first read."""
+
+    def __init__(self, path: Path):
+        self.files = _weight_files(path)
+        self.readers: dict[Path, SafetensorsFile] = {}
+
+    def keys(self) -> list[str]:
+        return list(self.files)
+
+    def array(self, name: str) -> np.ndarray:
+        file = self.files[name]
+        if file not in self.readers:
+            if not file.is_file():
+                raise FileNotFoundError(f"{file} (listed in {_INDEX}) does not exist")
+            self.readers[file] = SafetensorsFile(file)
+        if name not in self.readers[file].keys():
+            raise ValueError(f"{file}: has no tensor {name} (listed in {_INDEX})")
+        return self.readers[file].array(name)
+
+
+def open_checkpoint(path: str | os.PathLike) -> tuple[dict, Any, str]:
+    """(config.json dict, tensor source, what to name in errors) of a checkpoint: a Hugging Face
+    directory (config.json + safetensors), a `.gguf` file, or `pkg:PACKAGE/FILE` naming either.
+    The source has `.keys()` (Hugging Face tensor names) and `.array(name)` (Hugging Face layout)."""
+    path = packaged.resolve(path)
+    if is_gguf(path):
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        from ragen_jax.models.gguf import GGUFCheckpoint
+
+        checkpoint = GGUFCheckpoint(path)
+        return checkpoint.hf_config(), checkpoint, str(path)
+    return _read_config(path), SafetensorsCheckpoint(path), str(path / "config.json")
+
+
+def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, **overrides) -> Decoder:
+    """A `Decoder` from a local checkpoint: a Hugging Face directory (config.json + safetensors),
+    a `.gguf` file, or `pkg:PACKAGE/FILE` naming one shipped in an installed package.
 
     With a mesh every weight is created directly with its sharding (each device reads only
-    its shard); without one it goes to the default device. dtype / param_dtype override the
-    compute and storage dtypes (default float32). `scan_layers`: the per-layer tensors are
-    stacked into the scanned model's [num_layers, ...] weights as they are read. remat,
-    remat_policy, vocab_chunk: see `DecoderConfig`.
+    its shard); without one it goes to the default device. `overrides` replace `DecoderConfig`
+    fields of the checkpoint's config (dtype, param_dtype, remat, remat_policy, scan_layers,
+    vocab_chunk, …); one given as None keeps the checkpoint's (or DecoderConfig's) value. With
+    `scan_layers` the per-layer tensors are stacked into the scanned model's [num_layers, ...]
+    weights as they are read.
     """
-    path = Path(path)
-    overrides = {"remat": remat, "remat_policy": remat_policy, "scan_layers": scan_layers, "vocab_chunk": vocab_chunk}
-    if dtype:
-        overrides["dtype"] = dtype
-    if param_dtype:
-        overrides["param_dtype"] = param_dtype
-    cfg = config_from_hf(_read_config(path), str(path / "config.json"), **overrides)
-    files = _weight_files(path)
+    path = packaged.resolve(path)
+    hf_config, source, where = open_checkpoint(path)
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    cfg = config_from_hf(hf_config, where, **overrides)
+    names = set(source.keys())
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     specs = nnx.to_flat_state(nnx.get_partition_spec(state))
-    loaded, readers = [], {}
+    loaded, used = [], set()
 
     def tensor(name, want_hf):
-        if name not in files:
+        if name not in names:
             raise ValueError(f"{path}: checkpoint has no tensor {name} (expected shape {want_hf})")
-        file = files[name]
-        if file not in readers:
-            if not file.is_file():
-                raise FileNotFoundError(f"{file} (listed in {_INDEX}) does not exist")
-            readers[file] = SafetensorsFile(file)
-        if name not in readers[file].keys():
-            raise ValueError(f"{file}: has no tensor {name} (expected shape {want_hf})")
-        found = readers[file].array(name)
-        if found.shape != want_hf:
-            raise ValueError(f"{path}: tensor {name} has shape {found.shape}, expected {want_hf}")
+        found = source.array(name)
+        if tuple(found.shape) != want_hf:
+            raise ValueError(f"{path}: tensor {name} has shape {tuple(found.shape)}, expected {want_hf}")
+        used.add(name)
         return found
 
     for (p, var), (_, spec) in zip(nnx.to_flat_state(state), specs):
@@ -205,6 +286,11 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
             sources = tensor(name, want[::-1] if transpose else want)
         value = _place(sources, want, transpose, var.dtype, spec.get_value(), mesh)
         loaded.append((p, var.replace(value)))
+    # a bias the model has no place for would silently change its outputs
+    unused = sorted(name for name in names - used if name.endswith(".bias"))
+    if unused:
+        raise ValueError(f"{path}: a {cfg.architecture} with attention_bias={cfg.attention_bias} has no place for "
+                         f"tensor {unused[0]}" + (f" (and {len(unused) - 1} more biases)" if len(unused) > 1 else ""))
     return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
@@ -241,13 +327,20 @@ def _place(source, shape, transpose, dtype, spec, mesh):
 
 
 def load_tokenizer(path: str | os.PathLike = BUILTIN_TOKENIZER):
-    """transformers' AutoTokenizer for a local directory (chat template included).
+    """transformers' tokenizer of a local checkpoint (chat template included): a directory
+    (AutoTokenizer), a `.gguf` file (its embedded vocabulary), or `pkg:PACKAGE/FILE` naming one.
 
     The default is the project's built-in byte-level BPE tokenizer (ragen_jax/text/assets).
     """
+    path = packaged.resolve(path)
+    if is_gguf(path):
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        from ragen_jax.models.gguf import GGUFCheckpoint
+
+        return GGUFCheckpoint(path).tokenizer()
     from transformers import AutoTokenizer
 
-    path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {path}")
     if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():

@@ -1,8 +1,8 @@
-"""Tiny random transformers Qwen2 checkpoints, built once per session and saved to disk."""
+"""Tiny random transformers Qwen2 and Llama checkpoints, built once per session and saved to disk."""
 
 import numpy as np
 import pytest
-from hf_reference import VOCAB, make_hf_model
+from hf_reference import VOCAB, make_hf_llama, make_hf_model
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +17,18 @@ def hf_models(tmp_path_factory):
     for name, kw in specs.items():
         model = make_hf_model(**kw)
         path = tmp_path_factory.mktemp(name)
+        model.save_pretrained(path)
+        out[name] = (model, path)
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama_models(tmp_path_factory):
+    """name -> (transformers LlamaForCausalLM, saved directory): tied and untied embeddings."""
+    out = {}
+    for name, kw in {"tied": dict(tie=True, seed=10), "untied": dict(tie=False, seed=11)}.items():
+        model = make_hf_llama(**kw)
+        path = tmp_path_factory.mktemp("llama_" + name)
         model.save_pretrained(path)
         out[name] = (model, path)
     return out

@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 211
 
@@ -21,6 +21,23 @@ def make_hf_model(tie: bool, rope: dict | None = None, seed: int = 0, **shape) -
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)
+            if "layernorm" in name or name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def make_hf_llama(tie: bool, rope: dict | None = None, seed: int = 0, **shape) -> LlamaForCausalLM:
+    """A random LlamaForCausalLM (no biases) with the same shapes and weight scale as
+    `make_hf_model`'s Qwen2: clear argmax margins for greedy decoding."""
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie,
+                  initializer_range=0.08, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+                  rms_norm_eps=1e-5, rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0})
+    fields.update(shape)
+    model = LlamaForCausalLM(LlamaConfig(**fields)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
             if "layernorm" in name or name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     return model

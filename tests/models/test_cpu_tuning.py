@@ -82,12 +82,14 @@ def test_prefill_in_row_chunks_keeps_cache_and_logits(untied, monkeypatch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_fused_qkv_matches_transformers_and_the_separate_projections(hf_models, batch, monkeypatch):
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_fused_qkv_matches_transformers_and_the_separate_projections(hf_models, llama_models, batch, monkeypatch,
+                                                                     family):
     """The q/k/v projections as one matmul (`fused_qkv`, on one CPU device) give transformers'
     logits, and the separate projections' within float rounding, with every slot as a query and
-    with one query slot per row (the prefill's last layer); elsewhere (this suite runs 8 fake
-    devices) there are none."""
-    torch_model, path = hf_models["untied"]
+    with one query slot per row (the prefill's last layer), with q/k/v biases (Qwen2) and without
+    (Llama); elsewhere (this suite runs 8 fake devices) there are none."""
+    torch_model, path = (hf_models if family == "qwen2" else llama_models)["untied"]
     model = hf.load_pretrained(path)
     ids, mask = batch
     assert cpu_tuning.fused_qkv(model) is None

@@ -124,12 +124,12 @@ def test_errors_are_one_line_and_name_the_problem(tmp_path, hf_models):
     with pytest.raises(FileNotFoundError, match="has no \\*.safetensors weights"):
         hf.load_pretrained(noweights)
 
-    llama = copy_checkpoint(src, tmp_path / "llama")
-    cfg = json.loads((llama / "config.json").read_text())
-    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama")
-    (llama / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="architecture LlamaForCausalLM is not supported"):
-        hf.load_pretrained(llama)
+    mistral = copy_checkpoint(src, tmp_path / "mistral")
+    cfg = json.loads((mistral / "config.json").read_text())
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
+    (mistral / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="architecture MistralForCausalLM is not supported"):
+        hf.load_pretrained(mistral)
 
     missing = copy_checkpoint(src, tmp_path / "missing")
     tensors = load_file(missing / "model.safetensors")

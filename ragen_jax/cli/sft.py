@@ -1,4 +1,4 @@
-"""`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--init W] [--name-holes] [--export HF_DIR]`
+"""`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--batch-size B] [--lr LR] [--init W] [--name-holes] [--export HF_DIR]`
 
 Supervised warm start from solver demonstrations (`ragen_jax.training.sft` says how), saved as
 a checkpoint that `train` can start from (`--config.model.init=DIR`).
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--episodes", type=int, default=SFTConfig.episodes)
     parser.add_argument("--epochs", type=int, default=SFTConfig.epochs)
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
+    parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size, help="episodes per Adam step")
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
     parser.add_argument("--name-holes", action="store_true", help="FrozenLake: the reasoning also names the "
                         "moves that would step into a hole (docs/tuning.md, naming the holes)")
@@ -48,8 +49,8 @@ def main(argv=None) -> int:
             config.model.init = extra.init  # the configs' own warm start is not where a fit begins
         exp = make_experiment(config)
         # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
-        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, lr=extra.lr, noise=extra.noise,
-                        name_holes=extra.name_holes, seed=exp.run.settings.seed)
+        sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, batch_size=extra.batch_size, lr=extra.lr,
+                        noise=extra.noise, name_holes=extra.name_holes, seed=exp.run.settings.seed)
         if extra.name_holes and exp.env.name != "frozenlake":
             raise ConfigError(f"--name-holes: FrozenLake only, not env.name={exp.run.env_name!r}")
         if exp.env.answer_kind != "actions":

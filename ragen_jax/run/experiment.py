@@ -7,7 +7,6 @@ for the same config. Nothing here compiles; bad paths raise one-line errors.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import jax
 import ml_collections
 
 from ragen_jax.envs import registry
-from ragen_jax.models import hf
+from ragen_jax.models import hf, packaged
 from ragen_jax.models.decoder import Decoder, DecoderConfig, init_model, shard_model
 from ragen_jax.run import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
@@ -43,12 +42,11 @@ class Experiment:
 
 
 def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:
-    """The policy and its tokenizer: a local Hugging Face checkpoint (`model.path`), or the
-    built-in preset with the built-in tokenizer, randomly initialised from `seed` and then,
-    if `model.init` names a workdir, loaded with that run's latest policy."""
+    """The policy and its tokenizer: a local checkpoint (`model.path`: a Hugging Face directory,
+    a GGUF file, or `pkg:PACKAGE/FILE` shipped in an installed package), or the built-in preset
+    with the built-in tokenizer, randomly initialised from `seed`; then, if `model.init` names
+    weights, loaded with them."""
     if m.path:
-        if not os.path.isdir(m.path):
-            raise ConfigError(f"model.path={m.path!r} is not a directory (a local Hugging Face checkpoint)")
         try:
             model = hf.load_pretrained(m.path, mesh, **m.options())
             tokenizer = hf.load_tokenizer(m.path)
@@ -69,7 +67,8 @@ WARM_STARTS = Path(__file__).resolve().parent.parent / "assets" / "warm_start"
 
 
 def resolve_init(init: str) -> Path:
-    """`builtin:<name>` -> the shipped warm start's directory; anything else is a path."""
+    """`builtin:<name>` -> the shipped warm start's directory; `pkg:PACKAGE/FILE` -> the file in
+    that installed package; anything else is a path."""
     if init.startswith("builtin:"):
         name = init[len("builtin:"):]
         path = WARM_STARTS / name
@@ -78,7 +77,10 @@ def resolve_init(init: str) -> Path:
             raise ConfigError(f"model.init={init!r}: no shipped warm start {name!r}; allowed: "
                               f"{', '.join('builtin:' + n for n in shipped) or 'none'}")
         return path
-    return Path(init)
+    try:
+        return packaged.resolve(init)
+    except FileNotFoundError as err:
+        raise ConfigError(f"model.init={init!r}: {err}") from None
 
 
 def load_initial_weights(model: Decoder, init: str) -> None:
@@ -92,9 +94,9 @@ def load_initial_weights(model: Decoder, init: str) -> None:
             raise CheckpointError(f"model.init={init!r} has no checkpoint under {path / 'checkpoints'}")
         nnx.update(model, restore_policy(path, None, nnx.state(model))[1])
         return
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints nor a Hugging Face "
-                          "directory (config.json + safetensors)")
+    if not (path / "config.json").is_file() and not hf.is_gguf(path):
+        raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints, a Hugging Face "
+                          "directory (config.json + safetensors) nor a GGUF file")
     try:
         source = hf.load_pretrained(path, dtype=model.cfg.dtype, param_dtype=model.cfg.param_dtype,
                                     scan_layers=model.cfg.scan_layers)

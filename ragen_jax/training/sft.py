@@ -165,6 +165,8 @@ class SFTConfig:
         for name in ("episodes", "epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name}={getattr(self, name)} must be >= 1")
+        if self.batch_size > self.episodes:
+            raise ValueError(f"sft.batch_size={self.batch_size} must be <= sft.episodes={self.episodes}")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"sft.noise={self.noise} must be in [0, 1]")
 

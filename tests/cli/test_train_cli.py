@@ -220,7 +220,9 @@ def test_commands_print_no_library_notices(full_run_output, tmp_path):
      "QA data file '/no/such.jsonl' does not exist"),
     (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")], "model.path is required"),
     (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py"), "--config.model.path=/no/such/dir"],
-     "model.path='/no/such/dir' is not a directory"),
+     "model.path='/no/such/dir': "),
+    (["--config", str(ROOT / "configs" / "sokoban_qwen2p5_3b.py"), "--config.model.path=pkg:no_such_package/m.gguf"],
+     "package 'no_such_package' is not installed"),
 ])
 def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
     code = train.main([*args, "--workdir", str(tmp_path / "w")])

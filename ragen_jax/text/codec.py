@@ -11,11 +11,12 @@
 
 Board pieces. Under Qwen2's pre-tokenizer regex every space-separated cell is its own
 pre-token, but a punctuation cell swallows the newline after it (` #\\n` is one pre-token)
-while a letter cell does not (` P`, `\\n`). So a piece is the unit string
-(leading space?, symbol, trailing newline?) tokenized once: whichever way the newline goes,
-the unit's ids are exactly what the full text gives there. `build` checks this on every
-ordered pair of cells (so a tokenizer that merges across cells is refused); a test pins it
-against `tokenizer.encode` on random boards.
+while a letter cell does not (` P`, `\\n`); under GPT-2's (SmolLM2's) no cell takes the
+newline. So a piece is the unit string (leading space?, symbol, trailing newline?) tokenized
+once: whichever way the newline goes, the unit's ids are exactly what the full text gives
+there. `build` checks this on every ordered pair of cells (so a tokenizer that merges across
+cells is refused); tests pin it against `tokenizer.encode` on random boards, with the
+built-in, Qwen's and SmolLM2's tokenizers.
 """
 
 from __future__ import annotations

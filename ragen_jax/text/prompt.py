@@ -8,7 +8,11 @@ system segment (the chat-wrapped system message, up to where the first user cont
 assistant message and the start of the user message (turns > 1), `Reward:\\n{r}\\n` and the
 warning line (turns > 1), the user content, then the generation prompt and the `<think>`
 prefix. The text of the whole conversation is the tokenizer's chat template over those
-messages plus `<think>`.
+messages plus `<think>`, when the template renders past assistant messages verbatim. Some do
+not (Qwen3's drops the `<think>...</think>` of earlier turns): the buffer still keeps every
+generation as it was sampled after the `<think>` prefix, so from turn 2 on it differs from such
+a template's rendering by that prefix and reasoning; `ChatPieces.verbatim_history` says which
+kind a template is.
 
 The observation of a later turn starts by closing the assistant message (Decoder:
 `<|im_end|>`). When the generation already ended with that token (decode stops on eos), pass
@@ -20,12 +24,14 @@ In JAX, `observation_ids` builds a turn's ids from precomputed pieces:
      ":\\nState:\\n" | board (render_observation, with its final "\\n") | "You have " |
      digits | " actions left. ... <think>"]
 
-Each split point is a pre-token boundary under Qwen2's regex, so the pieces' ids concatenate
-to `tokenizer.encode(observation_text(...))` exactly: digits, "-" and "." are each their own
-pre-token (one token each); ":\\n" ends a pre-token; the board starts after "State:\\n". The
-board's final newline belongs to the board, because a punctuation cell swallows it
-(` #\\n` is one pre-token), so the suffix starts at "You have". `build` checks these
-boundaries for the given tokenizer and refuses one that merges across them.
+The pieces' ids concatenate to `tokenizer.encode(observation_text(...))` exactly when no
+token spans a split point. Every character of a number is one token: Qwen2's regex makes each
+digit its own pre-token; GPT-2's (SmolLM2's) keeps " 10" together, but such vocabularies hold
+no token mixing a digit with anything else. The board starts after "State:\\n" and keeps its
+final newline, which a punctuation cell swallows under Qwen2's regex (` #\\n` is one pre-token),
+so the suffix starts at "You have". `build` encodes the pieces in context for every character a
+number can place next to each of its possible neighbours, and the env's sample states, and
+refuses a tokenizer that merges across a split point.
 """
 
 from __future__ import annotations
@@ -100,6 +106,9 @@ class ChatPieces:
     first_user_open: str = "\n"  # between the system content and the first user content
     generation_open: str = "\n"  # after a user content, where the assistant starts writing
     user_open: str = "\n"  # after an assistant content, up to the next user content
+    # Whether the template renders a past assistant message verbatim, `<think>...</think>`
+    # included (see the module docstring; Qwen3's drops the reasoning).
+    verbatim_history: bool = True
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> ChatPieces:
@@ -120,7 +129,10 @@ class ChatPieces:
         if rest != generation_open:
             raise ValueError(f"chat template opens the generation with {rest!r} but past assistant "
                              f"messages with {generation_open!r}; the rollout needs them equal")
-        return cls(system_open, first_user_open, generation_open, user_open)
+        answer = f"{THINK_PREFIX}@@REASONING@@</think> <answer>@@ANSWER@@</answer>"
+        history = [{"role": r, "content": answer if r == "assistant" else m} for r, m in zip(roles, marks)]
+        verbatim = answer in tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        return cls(system_open, first_user_open, generation_open, user_open, verbatim)
 
 
 @struct.dataclass
@@ -162,7 +174,10 @@ class PromptTemplate:
                      system_ids=jnp.asarray(encode(chat.system_open + system + chat.first_user_open), jnp.int32),
                      char_ids=jnp.asarray([ids[0] for ids in char_ids], jnp.int32), chat=chat, system=system,
                      end_of_message_id=end_id, end_of_message=tokenizer.decode(first) if end_id >= 0 else "")
-        prompt._check_boundaries(encode, env.boundary_samples())
+        def encode_batch(texts):
+            return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+        prompt._check_boundaries(encode_batch, env.boundary_samples())
         return prompt
 
     # ------------------------------------------------------------------ host-side text
@@ -190,16 +205,27 @@ class PromptTemplate:
         return [*head, fixed["turn_open"], *str(turn), fixed["state_open"], board,
                 fixed["left_open"], *str(actions_left), fixed["turn_close"]]
 
-    def _check_boundaries(self, encode, states) -> None:
-        """Every split point of `_segments` must be a token boundary (numbers of every sign and
-        length, and the env's sample state texts, e.g. every symbol at the board's start and end)."""
-        cases = [(1, 0, None, False), (12, 10, -10.25, True), (3, 7, 0.9, False), (2, 1234, 1, True)]
-        for state in states:
-            for turn, left, reward, warning in cases:
-                pieces = self._segments(turn, state + "\n", left, reward, warning)
-                text = "".join(pieces)
-                if encode(text) != [i for p in pieces for i in encode(p)]:
-                    raise ValueError(f"the tokenizer merges tokens across the prompt pieces of {text!r}")
+    def _check_boundaries(self, encode_batch, states) -> None:
+        """Every split point of `_segments` must be a token boundary: for the env's sample state
+        texts (e.g. every symbol at the board's start and end), and for every character a number
+        can put next to each neighbour it can have (each digit after "Turn ", "You have ",
+        "Reward:\\n", "-" and "."; before ":", " actions", "." and "\\n"; every digit pair).
+        `encode_batch` encodes a list of texts (one tokenizer call for the few hundred cases)."""
+        cases = [(turn, state, left, reward, warning) for state in states
+                 for turn, left, reward, warning in [(1, 0, None, False), (12, 10, -10.25, True),
+                                                     (3, 7, 0.9, False), (2, 1234, 1, True)]]
+        rewards = [float(f"{sign}{d}.{d}{(d + 1) % 10 or 1}") for d in range(10) for sign in ("", "-")]
+        cases += [(turn, states[0], 5, None if turn == 1 else 0.5, False)
+                  for turn in range(1, 110)]  # 1-9 first, every pair "ab" (10..99) and "0b" (100..109)
+        cases += [(2, states[0], left, 0.5, False) for left in range(110)]
+        cases += [(2, states[0], 5, reward, warning) for reward in [*rewards, 10, -10] for warning in (False, True)]
+        split = [self._segments(turn, state + "\n", left, reward, warning)
+                 for turn, state, left, reward, warning in cases]
+        pieces = sorted({p for segments in split for p in segments})
+        piece_ids = dict(zip(pieces, encode_batch(pieces)))
+        for segments, ids in zip(split, encode_batch(["".join(segments) for segments in split])):
+            if ids != [i for p in segments for i in piece_ids[p]]:
+                raise ValueError(f"the tokenizer merges tokens across the prompt pieces of {''.join(segments)!r}")
 
     def observation_capacity(self, codec: TextCodec, rows: int, cols: int) -> int:
         """Static length of `observation_ids`' output for a rows x cols board."""

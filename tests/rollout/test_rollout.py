@@ -1,19 +1,27 @@
 """The jitted multi-turn rollout: scripted solver and garbage policies, and log-prob replay."""
 
 import dataclasses
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask
 from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.answer_re import parse_answer_text
+from ragen_jax.text.codec import TextCodec
+from ragen_jax.text.prompt import PromptTemplate
 
 from agent_setup import ScriptedPolicy, scripted_texts, text_parts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "text"))
+import real_tokenizers  # noqa: E402
 
 CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=24)
@@ -22,6 +30,19 @@ CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=4, max_actions_per_
 @pytest.fixture(scope="module")
 def setup():
     return text_parts("SimpleSokoban", CONFIG.max_actions_per_turn)
+
+
+@pytest.fixture(scope="module", params=["builtin", "smollm2"])
+def any_setup(request, setup):
+    """`setup` with the built-in tokenizer, then with SmolLM2's (tests/text/real_tokenizers.py), whose
+    GPT-2 pre-tokenizer differs from the built-in Qwen-style one; one real tokenizer here, since each
+    compiles the rollout again (tests/rollout/test_text_envs.py runs Qwen's too)."""
+    if request.param == "builtin":
+        return setup
+    tok = getattr(real_tokenizers, f"{request.param}_tokenizer")()
+    env, params = registry.make("SimpleSokoban")
+    return (env, params, tok, TextCodec.build(tok, env, CONFIG.max_actions_per_turn),
+            PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn))
 
 
 def scripted(tok, texts):
@@ -33,12 +54,12 @@ _SCRIPTED = {}
 
 def run(setup, scripted_tokens, key):
     """A rollout of a ScriptedPolicy; one compile per environment (the script is an argument)."""
-    env, params, _, codec, prompt = setup
-    if env.name not in _SCRIPTED:
-        _SCRIPTED[env.name] = jax.jit(
+    env, params, tok, codec, prompt = setup
+    if (env.name, id(tok)) not in _SCRIPTED:
+        _SCRIPTED[env.name, id(tok)] = jax.jit(
             lambda k, tokens, lengths: rollout(k, ScriptedPolicy(tokens, lengths), env, params, codec, prompt, CONFIG)
         )
-    return _SCRIPTED[env.name](key, *scripted_tokens)
+    return _SCRIPTED[env.name, id(tok)](key, *scripted_tokens)
 
 
 def test_solver_policy_succeeds_with_expected_returns(setup):
@@ -163,7 +184,8 @@ def test_host_replay_of_a_random_model_rollout(setup, model_rollout):
     replay(setup, traj, key)
 
 
-def test_host_replay_of_random_scripted_answers(setup):
+def test_host_replay_of_random_scripted_answers(any_setup):
+    setup = any_setup
     env, params, tok, _, _ = setup
     rng = np.random.default_rng(0)
     names = list(env.action_names) + ["up", "RIGHT", "Jump"]

@@ -1,7 +1,9 @@
 """The rollout with environments that read their answer as text (Countdown, QA): scripted answers
 with known rewards, and the buffer's observations against the host-side prompt text."""
 
+import os
 import re
+import sys
 from decimal import Decimal
 from fractions import Fraction
 
@@ -9,16 +11,28 @@ import jax
 import numpy as np
 import pytest
 
+from ragen_jax.envs import registry
 from ragen_jax.envs.countdown import CountdownState
 from ragen_jax.models import hf
 from ragen_jax.rollout.play import RolloutConfig, rollout
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
-from agent_setup import ScriptedPolicy, scripted_texts, text_parts
+from agent_setup import ScriptedPolicy, scripted_texts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "text"))
+import real_tokenizers  # noqa: E402
 
 CONFIG = RolloutConfig(num_groups=3, group_size=2, max_turns=2, max_actions_per_turn=1, max_actions_per_traj=2,
                        max_new_tokens=100)
+# The built-in tokenizer and the real ones (tests/text/real_tokenizers.py).
+TOKENIZERS = {"builtin": hf.load_tokenizer, "qwen": real_tokenizers.qwen_tokenizer,
+              "smollm2": real_tokenizers.smollm2_tokenizer}
+
+
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
+def tokenizer(request):
+    return TOKENIZERS[request.param]()
 
 
 def solve(numbers, target):
@@ -46,8 +60,11 @@ def scripted(tok, texts):
 
 
 @pytest.fixture(scope="module")
-def countdown():
-    env, params, tok, codec, prompt = text_parts("Countdown", CONFIG.max_actions_per_turn)
+def countdown(tokenizer):
+    env, params = registry.make("Countdown")
+    tok = tokenizer
+    codec = TextCodec.build(tok, env, CONFIG.max_actions_per_turn)
+    prompt = PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn)
     go = jax.jit(lambda k, t, n: rollout(k, ScriptedPolicy(t, n), env, params, codec, prompt, CONFIG))
     return env, params, tok, codec, prompt, go
 
@@ -104,13 +121,11 @@ def test_countdown_rewards_through_the_rollout(countdown):
 
 
 @pytest.fixture(scope="module")
-def mathqa(tmp_path_factory):
+def mathqa(tmp_path_factory, tokenizer):
     pytest.importorskip("tensorflow_datasets", reason="the QA tests need: pip install 'ragen-jax[datasets]'")
-    from ragen_jax.envs import registry
-
     env, params = registry.make("MathQA", num_records=16, seed=1, max_attempts=2,
                                 data_dir=str(tmp_path_factory.mktemp("tfds")))
-    tok = hf.load_tokenizer()
+    tok = tokenizer
     codec = TextCodec.build(tok, env, CONFIG.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, CONFIG.max_actions_per_turn)
     go = jax.jit(lambda k, t, n: rollout(k, ScriptedPolicy(t, n), env, params, codec, prompt, CONFIG))

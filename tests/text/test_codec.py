@@ -14,28 +14,16 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from ragen_jax.envs.registry import make
 from ragen_jax.envs.sokoban import SIMPLE_SOKOBAN
 from ragen_jax.text import codec as C
+from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec
-from text_helpers import encode, grid_text, valid_ids
+from real_tokenizers import QWEN_VOCAB_SIZE
+from text_helpers import encode, grid_text, read_generation, reference_reasoning, reference_stop, valid_ids
 
 BOARDS = [("SimpleSokoban", (6, 6)), ("LargerSokoban", (8, 8)), ("FrozenLake", (4, 4))]
 render = jax.jit(C.render_observation, static_argnames="final_newline")
 detokenize = jax.jit(C.detokenize)
 parse = jax.jit(C.parse_answer, static_argnames="prefix")
 stop = jax.jit(C.ends_with_answer_close)
-
-
-@pytest.fixture(scope="module")
-def codecs():
-    """(tokenizer, env name, max actions) -> codec, built once."""
-    cache = {}
-
-    def get(tokenizer, name, max_actions=2, **kw):
-        key = (id(tokenizer), name, max_actions, tuple(kw.items()))
-        if key not in cache:
-            cache[key] = TextCodec.build(tokenizer, make(name)[0], max_actions, **kw)
-        return cache[key]
-
-    return get
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -54,7 +42,7 @@ def test_render_equals_encode_on_random_boards(tokenizer, codecs, name, shape, d
     assert valid_ids(ids, mask) == encode(tokenizer, text)
 
 
-def test_render_equals_env_render_text_on_real_states(builtin_tokenizer, codecs):
+def test_render_equals_env_render_text_on_real_states(tokenizer, codecs):
     sokoban, _ = make("SimpleSokoban")
     fixed = np.array([[0] * 6, [0, 1, 1, 2, 1, 0], [0, 1, 2, 1, 1, 0], [0, 2, 1, 1, 1, 0],
                       [0, 1, 1, 1, 1, 0], [0] * 6])
@@ -69,9 +57,9 @@ def test_render_equals_env_render_text_on_real_states(builtin_tokenizer, codecs)
              (frozen, lake, params), (frozen, lake.replace(player=jnp.array([1, 1])), params),
              (frozen, lake.replace(player=jnp.array([3, 3])), params)]
     for env, state, p in cases:
-        codec = codecs(builtin_tokenizer, "SimpleSokoban" if env is sokoban else "FrozenLake")
+        codec = codecs(tokenizer, "SimpleSokoban" if env is sokoban else "FrozenLake")
         ids, mask = render(codec, env.symbol_grid(state, p))
-        assert valid_ids(ids, mask) == encode(builtin_tokenizer, env.render_text(state, p, "grid"))
+        assert valid_ids(ids, mask) == encode(tokenizer, env.render_text(state, p, "grid"))
 
 
 def test_punctuation_cells_swallow_the_newline(builtin_tokenizer, codecs):
@@ -118,8 +106,8 @@ def test_build_rejects_bad_inputs(builtin_tokenizer):
 # ----------------------------------------------------------------------------- bytes
 
 
-def test_token_bytes_match_the_tokenizer(tokenizer):
-    table = C.token_bytes(tokenizer)
+def test_token_bytes_match_the_tokenizer(tokenizer, byte_tables):
+    table = byte_tables(tokenizer)
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     assert C.byte_decoder() == inverse
     specials = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
@@ -131,7 +119,7 @@ def test_token_bytes_match_the_tokenizer(tokenizer):
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_detokenize_equals_decode(tokenizer, codecs, data):
+def test_detokenize_equals_decode(tokenizer, codecs, byte_tables, data):
     size = len(tokenizer)
     codec = codecs(tokenizer, "SimpleSokoban", vocab_size=size + 5)  # a model's padded vocabulary
     ids = np.array(data.draw(st.lists(st.integers(0, size + 4), min_size=32, max_size=32)), np.int32)
@@ -139,7 +127,8 @@ def test_detokenize_equals_decode(tokenizer, codecs, data):
     text, length = detokenize(codec, jnp.asarray(ids), jnp.asarray(mask))
     kept = [int(i) for i in ids[mask] if i < size]
     got = bytes(np.asarray(text)[:int(length)])
-    assert got == b"".join(C.token_bytes(tokenizer)[i] for i in kept)
+    table = byte_tables(tokenizer)
+    assert got == b"".join(table[i] for i in kept)
     assert got.decode("utf-8", errors="replace") == tokenizer.decode(kept)
     assert not np.asarray(text)[int(length):].any()
 
@@ -264,41 +253,89 @@ def test_parse_answer_vmaps(builtin_tokenizer, codecs):
     assert np.asarray(count).tolist() == [2, 1, 0] and np.asarray(ok).tolist() == [True, True, False]
 
 
-@jax.jit
-def ids_to_actions(codec, ids, mask):
-    return C.parse_answer(codec, *C.detokenize(codec, ids, mask))
+GENERATION = 96  # generated-token slots
+
+
+def check_generation(tok, codec, table, ids):
+    """In-graph bytes, parse and reasoning length of `ids` == the tokenizer's decode, the
+    project's Python parser (answer_re) and the byte reference."""
+    buffer = np.zeros(GENERATION, np.int32)
+    buffer[:len(ids)] = ids
+    actions, count, ok, reasoning, _ = read_generation(codec, jnp.asarray(buffer), jnp.arange(GENERATION) < len(ids))
+    text = tok.decode(ids)
+    assert b"".join(table[i] for i in ids).decode("utf-8", errors="replace") == text
+    expected = parse_answer_text(text, codec.action_names, codec.max_actions_per_turn)
+    assert ([int(a) for a in np.asarray(actions)[:int(count)]], bool(ok)) == expected, text
+    assert int(reasoning) == reference_reasoning(table, ids), text
+
+
+def encoded_answer(tok, text):
+    ids = encode(tok, text)
+    assume(len(ids) <= GENERATION)
+    return ids
 
 
 @settings(max_examples=60, deadline=None)
 @given(text=answers)
-def test_detokenize_then_parse_matches_decode_then_re(builtin_tokenizer, codecs, text):
-    """The rollout's path: generated ids -> bytes -> actions, against decode -> re."""
-    codec = codecs(builtin_tokenizer, "SimpleSokoban")
-    ids = encode(builtin_tokenizer, text)
-    assume(len(ids) <= 96)
-    buffer = np.zeros(96, np.int32)
-    buffer[:len(ids)] = ids
+def test_encoded_answers_read_like_decoded_text(small_tokenizer, codecs, byte_tables, text):
+    """Generated ids -> bytes -> actions, against decode -> re, on answers the tokenizer encodes."""
+    codec = codecs(small_tokenizer, "SimpleSokoban")
+    check_generation(small_tokenizer, codec, byte_tables(small_tokenizer), encoded_answer(small_tokenizer, text))
 
-    actions, count, ok = ids_to_actions(codec, jnp.asarray(buffer), jnp.arange(96) < len(ids))
-    expected = reference_parse(builtin_tokenizer.decode(ids).encode(), codec.action_names, 2)
-    assert ([int(a) for a in np.asarray(actions)[:int(count)]], bool(ok)) == expected
+
+@settings(max_examples=25, deadline=None)
+@given(text=answers)
+def test_encoded_answers_read_like_decoded_text_real(real_tokenizer, codecs, byte_tables, text):
+    codec = codecs(real_tokenizer, "SimpleSokoban")
+    check_generation(real_tokenizer, codec, byte_tables(real_tokenizer), encoded_answer(real_tokenizer, text))
+
+
+# What a sampled generation looks like to the parser: answer fragments as the tokenizer encodes
+# them, mixed with arbitrary ids (multi-byte characters split across tokens, special tokens).
+GENERATED_FRAGMENTS = ["<think>", "</think>", "<answer>", "</answer>", " </think>\n", "</think> <answer>",
+                       " <answer> ", " </answer>", "||", " || ", "|", "Up", " up", "DOWN", " Left", " Right ",
+                       "\n\n", " ", "\u3000", "\xa0", "√", "é", "😀", "</", "answer>", "think>"]
+
+
+def generated_ids(tok, data):
+    pieces = [encode(tok, f) for f in GENERATED_FRAGMENTS]
+    chunks = st.one_of(st.sampled_from(pieces), st.integers(0, len(tok) - 1).map(lambda i: [i]))
+    ids = [i for c in data.draw(st.lists(chunks, max_size=40)) for i in c]
+    return ids[:GENERATION]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_generated_ids_read_like_decoded_text(small_tokenizer, codecs, byte_tables, data):
+    codec = codecs(small_tokenizer, "SimpleSokoban")
+    check_generation(small_tokenizer, codec, byte_tables(small_tokenizer), generated_ids(small_tokenizer, data))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_generated_ids_read_like_decoded_text_real(real_tokenizer, codecs, byte_tables, data):
+    codec = codecs(real_tokenizer, "SimpleSokoban")
+    check_generation(real_tokenizer, codec, byte_tables(real_tokenizer), generated_ids(real_tokenizer, data))
+
+
+def test_qwen_model_vocabulary_pads_the_byte_table(qwen_tokenizer, codecs, byte_tables):
+    """Qwen's models have 151,936 embedding rows, more than the tokenizer's ids: the rows past
+    the tokenizer decode to nothing, the rest to the tokenizer's bytes."""
+    codec = codecs(qwen_tokenizer, "SimpleSokoban", vocab_size=QWEN_VOCAB_SIZE)
+    size = len(qwen_tokenizer)
+    assert codec.byte_table.shape[0] == QWEN_VOCAB_SIZE > size
+    assert not np.asarray(codec.byte_lens)[size:].any()
+    ids = np.array([size - 1, size, QWEN_VOCAB_SIZE - 1, 0], np.int32)
+    text, length = detokenize(codec, jnp.asarray(ids), jnp.ones(4, bool))
+    table = byte_tables(qwen_tokenizer)
+    assert bytes(np.asarray(text)[:int(length)]) == table[size - 1] + table[0]
 
 
 # ----------------------------------------------------------------------------- stop check
 
 
-def reference_stop(table, row, length):
-    """`</answer>` occurs in the text and ends inside the last token's bytes."""
-    text = b"".join(table[i] for i in row[:length])
-    before = len(text) - len(table[row[length - 1]]) if length else 0
-    return length > 0 and b"</answer>" in text[max(0, before - 8):]
-
-
-@settings(max_examples=40, deadline=None)
-@given(data=st.data())
-def test_stop_check_matches_reference(builtin_tokenizer, codecs, data):
-    tok, n, batch = builtin_tokenizer, 20, 8
-    codec = codecs(tok, "SimpleSokoban")
+def check_stop(tok, codec, table, data):
+    n, batch = 20, 8
     pieces = ["</answer>", " </answer>", "</", "answer", ">", "</answer>\n", "<answer>", " Up", " ||",
               "</think>", "<", "/", "a", "n", "s", "w", "e", "r", "</ans", "wer>", "x</answer>y"]
     chunks = st.one_of(st.sampled_from([encode(tok, p) for p in pieces]),
@@ -310,8 +347,19 @@ def test_stop_check_matches_reference(builtin_tokenizer, codecs, data):
     lengths = data.draw(st.lists(st.integers(0, n), min_size=batch, max_size=batch))
     tokens = np.array(rows, np.int32)
     got = np.asarray(stop(codec, jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32)))
-    table = C.token_bytes(tok)
     assert got.tolist() == [reference_stop(table, list(r), k) for r, k in zip(tokens, lengths)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_stop_check_matches_reference(small_tokenizer, codecs, byte_tables, data):
+    check_stop(small_tokenizer, codecs(small_tokenizer, "SimpleSokoban"), byte_tables(small_tokenizer), data)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_stop_check_matches_reference_real(real_tokenizer, codecs, byte_tables, data):
+    check_stop(real_tokenizer, codecs(real_tokenizer, "SimpleSokoban"), byte_tables(real_tokenizer), data)
 
 
 def test_stop_fn_is_a_decode_stop_fn(builtin_tokenizer, codecs):

@@ -14,7 +14,7 @@ from ragen_jax.envs.registry import make
 from ragen_jax.text import build_tokenizer
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import (FORMAT_PROMPT, INVALID_WARNING, ChatPieces, PromptTemplate, format_reward,
-                                   observation_ids, system_content, user_content)
+                                   observation_ids, system_content, turn_ids, user_content)
 from text_helpers import encode, grid_text, valid_ids
 
 _assemble = jax.jit(observation_ids)
@@ -27,18 +27,9 @@ def assemble(prompt, codec, grid, turn, actions_left, reward, warning, closed=Fa
 
 
 @pytest.fixture(scope="module")
-def built():
-    """(tokenizer, env name) -> (prompt, codec), built once."""
-    cache = {}
-
-    def get(tokenizer, name):
-        key = (id(tokenizer), name)
-        if key not in cache:
-            env = make(name)[0]
-            cache[key] = PromptTemplate.build(tokenizer, env, 2), TextCodec.build(tokenizer, env, 2)
-        return cache[key]
-
-    return get
+def built(prompts, codecs):
+    """(tokenizer, env name) -> (prompt, codec) for 2 actions per turn, built once per session."""
+    return lambda tokenizer, name: (prompts(tokenizer, name), codecs(tokenizer, name))
 
 
 def test_texts_are_the_tokenizers_training_texts():
@@ -85,28 +76,70 @@ def test_bad_arguments_raise():
         format_reward(1e7)
 
 
-def test_chat_pieces_rebuild_the_template(builtin_tokenizer, built):
-    """system + obs 1 + generation + obs 2 == the chat template over the same messages + <think>."""
-    tok = builtin_tokenizer
-    prompt, _ = built(tok, "SimpleSokoban")
+def test_chat_pieces_are_chatml(builtin_tokenizer, built):
+    prompt, _ = built(builtin_tokenizer, "SimpleSokoban")
     assert prompt.chat == ChatPieces("<|im_start|>system\n", "<|im_end|>\n<|im_start|>user\n",
                                      "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n")
-    generated = " Push. </think> <answer> Up </answer>"
+    assert (prompt.end_of_message_id, prompt.end_of_message) == (2, "<|im_end|>")
+
+
+# One generation per kind: with reasoning, and one the template cannot split into reasoning.
+GENERATIONS = [" Push. </think> <answer> Up </answer>", " Push up. <answer> Up </answer>"]
+
+
+@pytest.mark.parametrize("generated", GENERATIONS)
+def test_chat_pieces_rebuild_the_template(tokenizer, built, generated):
+    """system + obs 1 + generation + obs 2 == the chat template over the same messages + <think>,
+    for a template that renders past assistant messages verbatim (`ChatPieces.verbatim_history`);
+    one that drops their reasoning (Qwen3's) differs by exactly the `<think>` prefix and reasoning."""
+    tok = tokenizer
+    prompt, _ = built(tok, "SimpleSokoban")
     messages = [{"role": "system", "content": prompt.system},
                 {"role": "user", "content": user_content(1, "# P\n# _", 10)},
                 {"role": "assistant", "content": "<think>" + generated},
                 {"role": "user", "content": user_content(2, "# _\n# P", 9, reward=-0.1, warning=True)}]
     expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>"
-    ours = (prompt.system_text() + prompt.observation_text(1, "# P\n# _", 10) + generated
-            + prompt.observation_text(2, "# _\n# P", 9, reward=-0.1, warning=True))
-    assert ours == expected
     first = prompt.system_text() + prompt.observation_text(1, "# P\n# _", 10)
     assert first == tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True) + "<think>"
-    # A generation that stopped on <|im_end|> closed its message: the next observation skips it.
-    assert (prompt.end_of_message_id, prompt.end_of_message) == (2, "<|im_end|>")
-    closed = (prompt.system_text() + prompt.observation_text(1, "# P\n# _", 10) + generated + "<|im_end|>"
-              + prompt.observation_text(2, "# _\n# P", 9, reward=-0.1, warning=True, closed=True))
-    assert closed == expected
+    second = prompt.observation_text(2, "# _\n# P", 9, reward=-0.1, warning=True)
+    closed = prompt.observation_text(2, "# _\n# P", 9, reward=-0.1, warning=True, closed=True)
+    if not prompt.chat.verbatim_history and "</think>" in generated:
+        # the template drops the past turn's <think> prefix and reasoning
+        first, generated = first.removesuffix("<think>"), generated.split("</think>")[-1]
+    assert first + generated + second == expected
+    # A generation that stopped on the end-of-message token closed its message: the next
+    # observation skips it.
+    assert first + generated + prompt.end_of_message + closed == expected
+
+
+def test_qwen3_template_drops_past_reasoning(qwen_tokenizer, built):
+    """Qwen3's template renders a past assistant message without its `<think>...</think>`; the
+    rollout's buffer keeps the generation verbatim, so from turn 2 on the buffer is not that
+    template's rendering. `verbatim_history` records it."""
+    prompt, _ = built(qwen_tokenizer, "SimpleSokoban")
+    assert not prompt.chat.verbatim_history
+
+
+def test_first_turn_ids_are_the_chat_template(tokenizer, prompts, codecs):
+    """The prompt a rollout starts from, assembled in JAX (system ids, then turn 1's ids from the
+    env's state tokens) == encode(chat template over the messages + "<think>"), token for token."""
+    for name in ("SimpleSokoban", "FrozenLake", "Countdown"):
+        env, params = make(name)
+        prompt, codec = prompts(tokenizer, name), codecs(tokenizer, name)
+        for seed in range(2):
+            state = _reset(env, jax.random.key(seed), params)
+            state_ids = _state_tokens(env, state, params, codec)
+            ids, mask = _turn(prompt, state_ids, np.int32(1), np.int32(10), np.float32(0), np.bool_(False))
+            board = env.render_text(state, params)
+            messages = [{"role": "system", "content": prompt.system},
+                        {"role": "user", "content": user_content(1, board, 10)}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>"
+            assert [int(i) for i in np.asarray(prompt.system_ids)] + valid_ids(ids, mask) == encode(tokenizer, text)
+
+
+_reset = jax.jit(lambda env, key, params: env.reset(key, params), static_argnums=(0, 2))
+_state_tokens = jax.jit(lambda env, state, params, codec: env.state_tokens(state, params, codec), static_argnums=(0, 2))
+_turn = jax.jit(turn_ids)
 
 
 def test_system_ids(tokenizer, built):
@@ -181,3 +214,33 @@ def test_unusable_chat_templates_raise(builtin_tokenizer):
                          "{% if add_generation_prompt %}<gen>{% endif %}")
     with pytest.raises(ValueError, match="opens the generation with '<gen>'"):
         ChatPieces.from_tokenizer(tok)
+
+
+class _SpaceDigitMerging:
+    """The built-in tokenizer, but reading " 5" as one token (GPT-2-style vocabularies merge a
+    space with a digit), so "Turn " + "5" and "You have " + "5" are not token boundaries."""
+
+    def __init__(self, tok):
+        self.tok, self.merged = tok, len(tok) - 1  # the id " 5" gets (any id does)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text, add_special_tokens=False):
+        first, *rest = text.split(" 5")
+        ids = self.tok.encode(first, add_special_tokens=False)
+        for part in rest:
+            ids += [self.merged] + self.tok.encode(part, add_special_tokens=False)
+        return ids
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [self.encode(t) for t in texts]}
+
+
+def test_build_refuses_a_tokenizer_that_merges_across_number_pieces(builtin_tokenizer):
+    """Numbers are gathered one token per character; every digit is tried next to every
+    neighbour it can have, not only the few numbers of a sample prompt."""
+    tok = _SpaceDigitMerging(builtin_tokenizer)
+    assert tok.encode("Turn 5:") != tok.encode("Turn ") + tok.encode("5") + tok.encode(":")
+    with pytest.raises(ValueError, match=r"merges tokens across the prompt pieces of .*You have 5 actions"):
+        PromptTemplate.build(tok, make("SimpleSokoban")[0], 2)

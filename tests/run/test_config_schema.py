@@ -1,12 +1,16 @@
 """The ConfigDict generated from the settings dataclasses: its defaults, typed overrides and
 unset (None) keys."""
 
+from pathlib import Path
+
 import pytest
 
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.run import config as config_lib
 from ragen_jax.run.errors import ConfigError
 from ragen_jax.run.schema import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(overrides):
@@ -48,3 +52,26 @@ def test_a_bad_value_is_one_line_naming_the_key(overrides, line):
     with pytest.raises(ConfigError) as err:
         build(overrides)
     assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.py")), ids=lambda p: p.name)
+def test_every_shipped_config_builds(path):
+    """Each config file loads and validates as a whole (with a placeholder checkpoint where the
+    config needs a user's own)."""
+    config = config_lib.load_config_file(str(path))
+    if config.model.preset is None and config.model.path is None:
+        config.model.path = "/checkpoint/of/the/user"
+    config_lib.build(config, device_count=8)
+
+
+def test_the_smollm2_configs_find_the_packaged_model():
+    from ragen_jax.models import packaged
+
+    laptop = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_smollm2.py"))
+    paper = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_smollm2_paper.py"))
+    for config in (laptop, paper):
+        assert packaged.resolve(config.model.path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert config.model.scan_layers and config.env.name == "SimpleSokoban"
+    paper = config_lib.build(paper, device_count=8).step.rollout
+    assert (paper.num_groups, paper.group_size, paper.max_turns, paper.max_new_tokens) == (8, 16, 5, 120)
+    assert config_lib.load_config_file(str(ROOT / "configs" / "sokoban_smollm2_paper.py")).model.dtype == "bfloat16"

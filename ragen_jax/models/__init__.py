@@ -1,1 +1,1 @@
-"""Qwen2-family models in Flax NNX, Hugging Face I/O and the KV-cache sampler."""
+"""The Qwen2 / Llama decoder family in Flax NNX, Hugging Face and GGUF checkpoint I/O, and the KV-cache sampler."""

@@ -1,4 +1,4 @@
-"""PPO's critic: a Qwen2 backbone with a scalar value head.
+"""PPO's critic: the policy's decoder as a backbone, with a scalar value head.
 
 The backbone starts as a copy of the policy's weights (as verl's critic starts from the
 actor's checkpoint); the head starts at zero, so the first values are exactly 0 and the

@@ -235,13 +235,18 @@ def open_checkpoint(path: str | os.PathLike) -> tuple[dict, Any, str]:
     The source has `.keys()` (Hugging Face tensor names) and `.array(name)` (Hugging Face layout)."""
     path = packaged.resolve(path)
     if is_gguf(path):
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file not found: {path}")
-        from ragen_jax.models.gguf import GGUFCheckpoint
-
-        checkpoint = GGUFCheckpoint(path)
+        checkpoint = _gguf(path)
         return checkpoint.hf_config(), checkpoint, str(path)
     return _read_config(path), SafetensorsCheckpoint(path), str(path / "config.json")
+
+
+def _gguf(path: Path):
+    """The GGUF file at `path` (imported here: the `gguf` package is needed only for such files)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    from ragen_jax.models.gguf import GGUFCheckpoint
+
+    return GGUFCheckpoint(path)
 
 
 def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, **overrides) -> Decoder:
@@ -255,7 +260,6 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
     `scan_layers` the per-layer tensors are stacked into the scanned model's [num_layers, ...]
     weights as they are read.
     """
-    path = packaged.resolve(path)
     hf_config, source, where = open_checkpoint(path)
     overrides = {key: value for key, value in overrides.items() if value is not None}
     cfg = config_from_hf(hf_config, where, **overrides)
@@ -334,11 +338,7 @@ def load_tokenizer(path: str | os.PathLike = BUILTIN_TOKENIZER):
     """
     path = packaged.resolve(path)
     if is_gguf(path):
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file not found: {path}")
-        from ragen_jax.models.gguf import GGUFCheckpoint
-
-        return GGUFCheckpoint(path).tokenizer()
+        return _gguf(path).tokenizer()
     from transformers import AutoTokenizer
 
     if not path.is_dir():

@@ -7,6 +7,7 @@
     python benchmarks/reproduce.py study --part main --out results/study       # filters × algorithms, 5 seeds
     python benchmarks/reproduce.py study --part noise --out results/study      # FrozenLake's slip, Top-p vs none
     python benchmarks/reproduce.py study --part gradients --out results/study  # gradient norms by reward-std bucket
+    python benchmarks/reproduce.py study --part reward_noise --out results/study  # random rewards, Top-p vs none
     python benchmarks/reproduce.py study --out results/study                   # all three, in that order
     # N runs at a time, each its own process (the cores shared out, or one GPU shared):
     python benchmarks/reproduce.py study --jobs 8 --out results/study
@@ -34,6 +35,10 @@ optimiser steps per RL step whatever is kept, `filter.update=paper`):
 - gradients: Sokoban, GRPO and PPO, no filter, entropy coefficient / KL coefficient 0.001 / 0.01
   and 0.01 / 0.1, 50 steps, the gradient analysis (6 buckets) at step 1 and every 5 steps:
   11 measurements × 32 groups, ≈ 58 groups per bucket and run.
+- reward_noise: the paper's stochasticity axis. FrozenLake with the paper's 2% slip
+  (configs/frozenlake_paper_slip.py), GRPO, `env.reward_noise` ∈ {0, 0.2, 0.5, 0.9} (the chance
+  a finished episode's reward is replaced by one drawn from the batch), Top-p vs none, seeds
+  0–2, seed by seed (every rate gets a seed before any rate gets the next).
 - recorded: the 40-step study recorded in docs/results.md ("The recorded study"), as it ran then.
 
 Every run is an ordinary `ragen_jax.train` run in `<out>/<env>/<arm>/seed<k>` (metrics.jsonl,
@@ -61,7 +66,8 @@ from ragen_jax.analysis import study as st  # numpy only; the jax-heavy imports 
 from ragen_jax.run import compile_cache, host_devices
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py"}
+CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py",
+           "frozenlake_paper": ROOT / "configs" / "frozenlake_paper_slip.py"}
 ALGOS = ("ppo", "grpo")
 # main: the (env, algorithm) pairs the study runs (the issue's: GRPO on both, PPO on Sokoban)
 MAIN = (("sokoban", "grpo"), ("sokoban", "ppo"), ("frozenlake", "grpo"))
@@ -76,11 +82,13 @@ FILTERS = {
 STUDY_RUN = {"filter.metric": "reward_var", "filter.update": "paper", "train.save_every": "10",
              "early_stop.val_patience": "0", "early_stop.empty_batches": "0", "early_stop.reward_std_collapse": "0",
              "diagnostics.num_samples": "64", "diagnostics.compute_freq": "10"}
-VAL_EVERY = {"sokoban": 50, "frozenlake": 20}  # multiples of compute_freq: MI and validation meet
+VAL_EVERY = {"sokoban": 50, "frozenlake": 20, "frozenlake_paper": 20}  # multiples of compute_freq: MI and validation meet
 NOISE_RATES = ("1", "0.9", "0.8", "0.6", "1/3")
+REWARD_NOISE = ("0", "0.2", "0.5", "0.9")
 REGULARISATION = ("0.001:0.01", "0.01:0.1")  # entropy coefficient : KL coefficient
 GRADIENT_STEPS = 50
-SEEDS = {"main": [0, 1, 2, 3, 4], "noise": [0, 1, 2], "gradients": [0], "recorded": [0, 1, 2]}
+SEEDS = {"main": [0, 1, 2, 3, 4], "noise": [0, 1, 2], "gradients": [0], "recorded": [0, 1, 2],
+         "reward_noise": [0, 1, 2]}
 # The recorded 40-step study (docs/results.md, "The recorded study") ran on the tiny defaults of its time:
 # 16 groups × 8 with the entropy bonus, optax's Adam ε, a constant rate, these warm starts, Top-k
 # keeping a quarter of the groups, Top-p on the reward std, full minibatches and fewer steps.
@@ -322,6 +330,25 @@ def noise_part(args) -> None:
         run_arm(args, "frozenlake", arm, args.seeds or SEEDS["noise"], overrides)
 
 
+def reward_noise_arms(args) -> list[tuple[str, dict[str, str]]]:
+    """(arm, overrides) of the paper's stochasticity axis: GRPO, Top-p and no filter at each
+    `env.reward_noise` on the paper's lake."""
+    env = ENVS["reward_noise"][0]
+    return [(f"{name}-grpo-rnoise{q}", {**study_overrides(env, args), "algo.name": "grpo", **FILTERS[name],
+                                          "env.reward_noise": q})
+            for q in args.reward_noise for name in ("top_p", "none") if name in args.filters]
+
+
+def reward_noise_part(args) -> None:
+    """Seed by seed: a first paired seed at every rate before any rate gets a second."""
+    env = ENVS["reward_noise"][0]
+    record_start(args.out / env / "start_validation.json", run_config(env, 0, {**study_overrides(env, args),
+                                                                              **args.set}))
+    for seed in args.seeds or SEEDS["reward_noise"]:
+        for arm, overrides in reward_noise_arms(args):
+            run_arm(args, env, arm, [seed], overrides)
+
+
 def gradient_arms(args) -> list[tuple[str, str, dict[str, str]]]:
     """(env, arm, overrides) of the gradient analysis: no filter (every group trains, as measured),
     each algorithm at each regularisation strength, no MI diagnostics or validation (the
@@ -361,9 +388,10 @@ def recorded_part(args) -> None:
                               args.steps or 40)
 
 
-PARTS = {"main": main_part, "noise": noise_part, "gradients": gradients_part, "recorded": recorded_part}
+PARTS = {"main": main_part, "noise": noise_part, "gradients": gradients_part, "recorded": recorded_part,
+         "reward_noise": reward_noise_part}
 ENVS = {"main": ["sokoban", "frozenlake"], "noise": ["frozenlake"], "gradients": ["sokoban"],
-        "recorded": ["sokoban", "frozenlake"]}
+        "recorded": ["sokoban", "frozenlake"], "reward_noise": ["frozenlake_paper"]}
 
 
 def job_flags(args) -> list[str]:
@@ -576,6 +604,7 @@ def write_report(out: Path) -> None:
 
 def report_text(runs, out: Path) -> str:
     return "\n\n".join(part for part in (arm_table(runs), start_table(out), claims_table(runs), noise_trend(runs),
+                                          reward_noise_trend(runs),
                                           predictors_table(runs), gradients_table(runs)) if part)
 
 
@@ -677,6 +706,32 @@ def noise_trend(runs) -> str:
             f"{len(diffs)} seed pairs at {len(set(slips))} rates: slope {_signed(slope)} per unit of slip, "
             f"t 95% {_interval(low, high)}: " + st.verdict(low, high, "the filter's difference rises with the slip",
                                                           "the filter's difference falls with the slip"))
+
+
+def reward_noise_trend(runs) -> str:
+    """The paper's stochasticity axis at once: Top-p − no filter (per seed, final validation)
+    against `env.reward_noise`, the slope with its t interval, and the mean difference per rate."""
+    env, slug = ENVS["reward_noise"][0], "-rnoise"
+    noise, diffs, per_rate = [], [], {}
+    for e, arm in sorted(runs):
+        if e != env or not arm.startswith("top_p-grpo" + slug) or (env, "none" + arm[len("top_p"):]) not in runs:
+            continue
+        q = float(arm.rsplit(slug, 1)[1])
+        _, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
+                                           for key in (arm, "none" + arm[len("top_p"):])))
+        noise += [q] * len(pairs)
+        diffs += pairs.tolist()
+        per_rate[q] = pairs.tolist()
+    if not per_rate:
+        return ""
+    rates = "; ".join(f"q = {q:g}: {sum(d) / len(d):+.3f} ({len(d)} seeds)" for q, d in sorted(per_rate.items()))
+    text = f"Random rewards ({env}, GRPO): Top-p − none, mean per rate: {rates}."
+    if len(set(noise)) < 2 or len(diffs) < 3:
+        return text
+    slope, low, high = st.slope_t_interval(noise, diffs)
+    return (text + f" Slope over {len(diffs)} seed pairs: {_signed(slope)} per unit of reward noise, t 95% "
+            f"{_interval(low, high)}: " + st.verdict(low, high, "the filter's difference rises with the noise",
+                                                     "the filter's difference falls with the noise"))
 
 
 def predictors_table(runs) -> str:
@@ -803,7 +858,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
         else:
             p.add_argument("--part", choices=["all", *PARTS], default="all",
-                           help="all: main, noise and gradients in turn; recorded: the 40-step study of "
+                           help="all: main, noise and gradients in turn; reward_noise: the random-reward axis; recorded: the 40-step study of "
                                 "docs/results.md as it ran")
             p.add_argument("--envs", nargs="+", choices=sorted(CONFIGS), default=None,
                            help="default: the part's (main: both; noise: frozenlake; gradients: sokoban)")
@@ -813,6 +868,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
             p.add_argument("--rates", nargs="+", default=list(NOISE_RATES),
                            help="noise: FrozenLake's env.success_rate values (decimals or fractions)")
+            p.add_argument("--reward-noise", nargs="+", default=list(REWARD_NOISE),
+                           help="reward_noise: the env.reward_noise values, in [0, 1]")
             p.add_argument("--reg", nargs="+", default=list(REGULARISATION), metavar="ENTROPY:KL",
                            help="gradients: entropy and KL coefficients of each arm")
             p.add_argument("--grad-buckets", type=int, default=6)
@@ -846,8 +903,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.command == "study":
         if args.jobs < 1:
             parser.error(f"--jobs={args.jobs} must be >= 1")
-        if args.jobs > 1 and args.part == "recorded":
-            parser.error("--jobs applies to the parts main, noise, gradients and all; recorded runs one at a time")
+        if args.jobs > 1 and args.part in ("recorded", "reward_noise"):
+            parser.error(f"--jobs applies to the parts main, noise, gradients and all; {args.part} runs one at a time")
+        for text in args.reward_noise:
+            try:
+                if not 0 <= float(text) <= 1:
+                    raise ValueError
+            except ValueError:
+                parser.error(f"--reward-noise {text!r}: expected a chance in [0, 1], e.g. 0.2")
         for text in args.rates:
             try:
                 if not 0 <= Fraction(text) <= 1:

@@ -44,6 +44,10 @@ class EnvSection:
     # FrozenLake only: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
     # deterministic); None: the preset's 1/3, the classic slippery lake.
     success_rate: float | None = None
+    # Every env: the chance a finished training episode's reward is replaced by the reward of an
+    # episode drawn from the same batch (the paper's "fraction of random rewards"; validation and
+    # the logged success keep the true outcome; ragen_jax.rl.reward_noise). 0: none.
+    reward_noise: float = 0.0
 
     def __post_init__(self):
         if self.name not in registry.names():

@@ -34,7 +34,7 @@ from ragen_jax.envs.base import Environment
 from ragen_jax.models.decoder import Decoder, for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
-from ragen_jax.rl import filtering, update
+from ragen_jax.rl import filtering, reward_noise, update
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, rollout, rollout_on_mesh
@@ -59,6 +59,9 @@ class StepConfig:
     grad_buckets: int = 0
     # The run's length in train steps (`train.steps`): where `algo.lr_decay_fraction`'s decay ends.
     total_steps: int = 0
+    # The chance a finished episode's reward reaches the learner replaced by a random one
+    # (`env.reward_noise`, ragen_jax.rl.reward_noise); 0: the true rewards.
+    reward_noise: float = 0.0
 
     def __post_init__(self):
         self.filter.check_group_size(self.rollout.group_size)
@@ -66,6 +69,8 @@ class StepConfig:
             raise ValueError(f"algo.lr_decay_fraction={self.algo.lr_decay_fraction} needs the run's length "
                              f"(total_steps={self.total_steps}, must be >= 1)")
         self.algo.check_batch(self.rollout.batch, self.rollout.group_size)
+        if not 0.0 <= self.reward_noise <= 1.0:
+            raise ValueError(f"env.reward_noise={self.reward_noise} must be in [0, 1]")
         if self.grad_buckets < 0 or (self.grad_buckets and self.rollout.group_size < 2):
             raise ValueError(f"grad_buckets={self.grad_buckets} must be >= 0, and > 0 only with "
                              f"rollout.group_size >= 2 (got {self.rollout.group_size})")
@@ -116,6 +121,11 @@ def train_step(setup: StepSetup, state: TrainState, codec: TextCodec, prompt: Pr
     # 1. rollout
     traj = play_rollout(setup, state.policy, k_rollout, codec, prompt)
     metrics = rollout_metrics(traj)
+    if cfg.reward_noise:  # what the learner sees from here on; the metrics above keep the truth
+        key, k_noise = jax.random.split(key)
+        noisy, replaced = reward_noise.randomize_rewards(k_noise, traj.episode_reward, cfg.reward_noise)
+        traj = traj.with_episode_rewards(noisy, traj.success)
+        metrics["rollout/rewards_replaced"] = replaced.astype(jnp.float32).mean()
 
     # 2. diagnostics on the current policy, before filtering
     diagnostics = state.diagnostics

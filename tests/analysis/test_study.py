@@ -342,6 +342,27 @@ def test_every_main_and_noise_run_takes_the_papers_filter_and_meets_mi_at_valida
     assert reproduce.run_config("frozenlake", 0, dict(arms[4][1])).to_dict() == main_top_p.to_dict()  # rate 0.8: main's
 
 
+def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs_them():
+    args = study_args("--part", "reward_noise")
+    arms = reproduce.reward_noise_arms(args)
+    assert [arm for arm, _ in arms] == [f"{f}-grpo-rnoise{q}" for q in ("0", "0.2", "0.5", "0.9")
+                                        for f in ("top_p", "none")]
+    for (arm, overrides), q in zip(arms, [0, 0, 0.2, 0.2, 0.5, 0.5, 0.9, 0.9]):
+        config = reproduce.run_config("frozenlake_paper", 0, overrides)
+        step = built("frozenlake_paper", overrides)
+        assert (config.env.success_rate, step.reward_noise, step.filter.update) == (0.98, q, "paper")
+        assert config.filter.strategy == arm.split("-")[0] and step.algo.name == "grpo"
+    # Top-p − none per seed: +0.1 at every seed of q = 0, −0.1 at q = 0.5: the slope is −0.4 per unit
+    record = lambda v: [{"step": s, "val/success": v} for s in (100, 120, 140)]
+    runs = {("frozenlake_paper", f"{f}-grpo-rnoise{q}"): {seed: record(v + 0.01 * seed) for seed in range(3)}
+            for q, top_p in (("0", 0.6), ("0.5", 0.4)) for f, v in (("top_p", top_p), ("none", 0.5))}
+    text = reproduce.reward_noise_trend(runs)
+    assert "q = 0: +0.100 (3 seeds); q = 0.5: -0.100 (3 seeds)" in text
+    assert "6 seed pairs: -0.400 per unit" in text and "falls with the noise" in text
+    with pytest.raises(SystemExit):
+        study_args("--part", "reward_noise", "--reward-noise", "1.5")
+
+
 def test_gradient_arms_set_the_regularisers_and_measure_every_five_steps():
     arms = reproduce.gradient_arms(study_args("--envs", "sokoban"))
     assert [arm for _, arm, _ in arms] == ["none-ppo-ent0.001-kl0.01", "none-ppo-ent0.01-kl0.1",

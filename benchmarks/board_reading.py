@@ -7,7 +7,7 @@
 Plays the validation levels (config `eval.*`, `--episodes` of them) and, for every turn the
 warm-start reasoning template was followed ("Player (r, c), ... I move A then B."), checks
 (1) the stated player coordinates against the `P`/`S` cell of the board shown that turn, and
-(2) that the answer repeats the moves the reasoning names (`ragen_jax.analysis.reasoning_check`; training
+(2) that the answer repeats the moves the reasoning names (`ragen_jax.diagnostics.reasoning_check`; training
 logs the same shares at every validation as `val/reasoning/*`). Success is bounded by both: a
 policy that cannot locate itself cannot plan, whatever RL does with its rewards.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from ragen_jax.analysis.reasoning_check import cells, named_and_answered, reading_scores, turns_of  # noqa: E402
+from ragen_jax.diagnostics.reasoning_check import cells, named_and_answered, reading_scores, turns_of  # noqa: E402
 
 TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
 
@@ -135,9 +135,10 @@ def main(argv=None) -> int:
         parser.error("--step needs --workdir (the shipped warm start has no steps)")
 
     from ragen_jax.run.checkpoint import CheckpointError
-    from ragen_jax.run.errors import ConfigError
+    from ragen_jax.core.errors import ConfigError
     from ragen_jax.run.experiment import make_experiment, restore_run
-    from ragen_jax.training.validation import EvalConfig, render_trajectories, validate
+    from ragen_jax.rollout.render import render_trajectories
+    from ragen_jax.training.validation import EvalConfig, validate
 
     try:
         if args.workdir:

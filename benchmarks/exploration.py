@@ -25,7 +25,7 @@ import numpy as np
 from ragen_jax.rollout.play import rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.run.checkpoint import CheckpointError
-from ragen_jax.run.errors import ConfigError
+from ragen_jax.core.errors import ConfigError
 from ragen_jax.run.experiment import load_initial_weights, make_experiment
 
 import reproduce  # the tiny configs and their overrides, as every benchmark run loads them

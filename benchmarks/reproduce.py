@@ -63,7 +63,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ragen_jax.analysis import study as st  # numpy only; the jax-heavy imports stay inside the commands
-from ragen_jax.run import compile_cache, host_devices
+from ragen_jax.core import compile_cache, host_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py",
@@ -194,8 +194,8 @@ def initial_validation(config) -> dict[str, float]:
     as training logs them (`reasoning/*` included)."""
     from flax import nnx
 
-    from ragen_jax.analysis import reasoning_check
-    from ragen_jax.run import distributed
+    from ragen_jax.diagnostics import reasoning_check
+    from ragen_jax.core import distributed
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training.validation import Validator
 
@@ -208,7 +208,7 @@ def initial_validation(config) -> dict[str, float]:
 
 
 def train_one(config, workdir: Path, steps: int) -> None:
-    from ragen_jax.training.loop import train
+    from ragen_jax.run.loop import train
 
     if finished(workdir, steps):
         print(f"{workdir}: already finished", file=sys.stderr)

@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ragen_jax.run import sharding  # noqa: E402
+from ragen_jax.core import sharding  # noqa: E402
 from ragen_jax.models import hf, sampling  # noqa: E402
 from ragen_jax.models.decoder import DecoderConfig, init_model  # noqa: E402
 from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
@@ -237,7 +237,7 @@ def bench_tunix(ours, tok, texts, prompt_len, new, repeats):
 def engine_in_subprocess(python, engine, name, args, devices=None):
     """({"first", "steady"}, None) from `--engine engine` run by `python` in a fresh process, or
     (None, why). `devices`: that many CPU devices (jax fixes its device count when it starts)."""
-    from ragen_jax.run.host_devices import with_device_count
+    from ragen_jax.core.host_devices import with_device_count
 
     env = dict(os.environ)
     if devices is not None:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def measure(config, steps: int) -> dict:
     import jax
 
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
     from ragen_jax.run.experiment import make_experiment
 
     exp = make_experiment(config)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=8)
     args = parser.parse_args(argv)
     config = reproduce.command_config(parser, args)
-    from ragen_jax.run import host_devices
+    from ragen_jax.core import host_devices
 
     if count := host_devices.split_host(config):  # before jax starts, as `train` does
         print(host_devices.note(count), file=sys.stderr)

@@ -8,7 +8,7 @@ starting from the shipped supervised warm start (`python -m ragen_jax.sft`, see 
 400 steps, the last 150 at a learning rate falling linearly to 0 (`algo.lr_decay_fraction`,
 warm-up-stable-decay without the warm-up). The run takes about 10 minutes on 2 Zen 5 cores, about
 3.4× that on 2 Zen 3 cores (docs/benchmarks.md: CPU-B, CPU-A; `python -m ragen_jax.train` gives
-it one jax device per core, `ragen_jax/run/host_devices.py`)
+it one jax device per core, `ragen_jax/core/host_devices.py`)
 and raises validation success from 0.330 to 0.44-0.46: +11.2 / +12.8 / +12.4 points over 3
 seeds (docs/tuning.md, "The default runs"). Why 400 steps and a falling rate: at a constant rate on one
 device the same seeds gain +8.3 / +9.1 / +10.6 in 300 steps and +12.1 / +11.2 / +11.3 in 400

@@ -21,6 +21,6 @@ def session_flags(devices: int = 8) -> str:
 def flags_for(devices: int | None) -> str:
     """This session's XLA_FLAGS for a child process with `devices` fake CPU devices (None:
     jax's default of one), everything else (fast compiles) kept."""
-    from ragen_jax.run.host_devices import with_device_count
+    from ragen_jax.core.host_devices import with_device_count
 
     return with_device_count(os.environ.get("XLA_FLAGS", ""), devices)

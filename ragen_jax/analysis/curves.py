@@ -24,7 +24,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ragen_jax.run.files import usual_mode  # no jax: plotting stays light
+from ragen_jax.core.files import usual_mode  # no jax: plotting stays light
 
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUT = "training_curves.png"

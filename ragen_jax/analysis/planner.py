@@ -36,7 +36,7 @@ import sys
 import time
 
 from ragen_jax.rollout.layout import BufferLayout, buffer_layout
-from ragen_jax.run.host_devices import with_device_count
+from ragen_jax.core.host_devices import with_device_count
 
 
 class PlanError(ValueError):
@@ -252,7 +252,7 @@ def _text_setup(run, cfg):
     """env, env params, codec and prompt for the run, with the model's tokenizer."""
     from ragen_jax.envs import registry
     from ragen_jax.models import hf
-    from ragen_jax.run.errors import ConfigError
+    from ragen_jax.core.errors import ConfigError
     from ragen_jax.text.codec import TextCodec
     from ragen_jax.text.prompt import PromptTemplate
 
@@ -310,7 +310,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
 
     from ragen_jax.models.decoder import Decoder
     from ragen_jax.models.value import ValueModel
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
     from ragen_jax.run.config import ConfigError, build
     from ragen_jax.training.step import Trainer, TrainState
 
@@ -442,7 +442,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
 
     from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache
     from ragen_jax.rl.batch import Batch, policy_logprobs
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     devices = mesh.size
     rows = sharding.ROWS if micro % sharding.row_shards(mesh) == 0 else None

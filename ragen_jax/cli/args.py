@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ragen_jax.run import config as config_lib
-from ragen_jax.run import distributed
+from ragen_jax.core import distributed
 
 
 def parse_args(argv, description: str, workdir_required: bool = True, multi_process: bool = False):

@@ -12,7 +12,7 @@ Like `train`, it runs under several processes on one mesh (`--coordinator/--num-
 --process-id`, or auto-detected on TPU pods and SLURM): every process restores its shards and
 plays its share of the levels; process 0 prints and writes. Any process count can evaluate a
 checkpoint written by any other. On a CPU it first gives the host one jax device per core when
-the run's mesh is the default, as `train` does (ragen_jax/run/host_devices.py).
+the run's mesh is the default, as `train` does (ragen_jax/core/host_devices.py).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from ragen_jax.analysis import reasoning_check
-from ragen_jax.run import compile_cache, distributed, host_devices, quiet, sharding
+from ragen_jax.diagnostics import reasoning_check
+from ragen_jax.core import compile_cache, distributed, host_devices, quiet, sharding
 from ragen_jax.run.checkpoint import CheckpointError
-from ragen_jax.run.errors import ConfigError
-from ragen_jax.run.files import check_writable_dir, describe, write_atomically
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.core.files import check_writable_dir, describe, write_atomically
 
 
 def evaluate(workdir: Path, step: int | None, episodes: int | None, samples: int | None, show: int = 4) -> dict:
@@ -49,7 +49,8 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
     from ragen_jax.models.decoder import for_inference
     from ragen_jax.run.experiment import restore_run
-    from ragen_jax.training.validation import Validator, render_trajectories
+    from ragen_jax.rollout.render import render_trajectories
+    from ragen_jax.training.validation import Validator
 
     if workdir.is_dir() and distributed.is_lead():
         check_writable_dir(workdir, "--workdir")
@@ -103,7 +104,7 @@ def table(result: dict) -> str:
             ("retrieval acc / chance", f"{m.get('mi/first_turn/retrieval_acc', float('nan')):.3f} / "
                                        f"{m.get('mi/first_turn/retrieval_chance', float('nan')):.3f}"),
             ("reasoning length (tokens)", m.get("mi/reasoning_length_mean", float("nan")))]
-    if "reasoning/player_right" in m:  # the built-in tasks' reasoning template (ragen_jax.analysis.reasoning_check)
+    if "reasoning/player_right" in m:  # the built-in tasks' reasoning template (ragen_jax.diagnostics.reasoning_check)
         rows += [("reasoning: player cell right", m["reasoning/player_right"]),
                  ("reasoning: most named player cell's share", m["reasoning/player_top_share"]),
                  ("answer repeats the reasoning", m["reasoning/answer_repeats_reasoning"])]

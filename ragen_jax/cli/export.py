@@ -20,10 +20,10 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from ragen_jax.run import distributed, quiet
+from ragen_jax.core import distributed, quiet
 from ragen_jax.run.checkpoint import CheckpointError
-from ragen_jax.run.errors import ConfigError
-from ragen_jax.run.files import check_writable_dir, describe
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.core.files import check_writable_dir, describe
 
 
 def export(workdir: Path, out: Path, step: int | None = None, dtype: str | None = None) -> int:

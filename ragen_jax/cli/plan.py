@@ -12,7 +12,7 @@ import math
 import sys
 
 from ragen_jax.analysis.planner import PIECES, PlanError, parse_mesh, plan, report, use_fake_devices
-from ragen_jax.run import quiet
+from ragen_jax.core import quiet
 
 EXIT_USAGE = 2
 

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.run import compile_cache, quiet
-from ragen_jax.run.files import check_writable_dir, describe, write_atomically
+from ragen_jax.core import compile_cache, quiet
+from ragen_jax.core.files import check_writable_dir, describe, write_atomically
 from ragen_jax.training.sft import SFTConfig, warm_start
 
 
@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     from ragen_jax.cli.args import load_config, parse_args
     from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
     from ragen_jax.run.config import to_json
-    from ragen_jax.run.errors import ConfigError
+    from ragen_jax.core.errors import ConfigError
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training.step import TrainState
     from ragen_jax.training.validation import Validator

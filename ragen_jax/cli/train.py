@@ -1,6 +1,6 @@
 """`python -m ragen_jax.train --config configs/<name>.py [--config.key=value ...] [--workdir DIR]`
 
-Train an agent (the loop, what it writes and how it resumes: `ragen_jax.training.loop`). The
+Train an agent (the loop, what it writes and how it resumes: `ragen_jax.run.loop`). The
 workdir defaults to runs/<config name>. Exit codes: 0 done (or stopped early), 2 bad input
 (config, workdir, checkpoints; one line, checked before any work), 1 a write that failed during
 the run, 143 stopped by SIGTERM after a checkpoint, 130 interrupted (Ctrl-C). Several processes: `--coordinator HOST:PORT
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from ragen_jax.cli.args import load_config, parse_args
-from ragen_jax.run import compile_cache, distributed, host_devices, quiet
+from ragen_jax.core import compile_cache, distributed, host_devices, quiet
 from ragen_jax.run.checkpoint import CheckpointError
-from ragen_jax.run.errors import ConfigError
-from ragen_jax.run.files import describe
-from ragen_jax.training.loop import EXIT_FAILED, EXIT_USAGE, train
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.core.files import describe
+from ragen_jax.run.loop import EXIT_FAILED, EXIT_USAGE, train
 
 EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 

@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from ragen_jax.core import sharding
+from ragen_jax.core.sharding import constrain_rows, traced_row_shards
 from ragen_jax.models.cpu_tuning import map_row_blocks
-from ragen_jax.models.decoder import (DecodeContext, KVCache, Decoder, constrain_rows, init_cache, positions_from_mask,
-                                    row_shards, token_logprobs)
-from ragen_jax.run import sharding
+from ragen_jax.models.decoder import DecodeContext, Decoder, KVCache, init_cache, positions_from_mask, token_logprobs
 
 
 def prefill_buffers(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,
@@ -43,11 +43,11 @@ def prefill_buffers(model: Decoder, tokens: jax.Array, mask: jax.Array, block_ro
 
 def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
     """Each block's keys/values written into one preallocated cache (no stacked copy). Where
-    the rows are split over a mesh (`decoder.constrain_rows`) they are prefilled in one block,
+    the rows are split over a mesh (`sharding.constrain_rows`) they are prefilled in one block,
     each device its own, and the cache stays split."""
     rows, length = tokens.shape
     mask = mask.astype(bool)
-    if row_shards() > 1 and rows % row_shards() == 0:
+    if traced_row_shards() > 1 and rows % traced_row_shards() == 0:
         tokens, mask = constrain_rows(tokens), constrain_rows(mask)
         _, cache = model(tokens, positions_from_mask(mask), mask, DecodeContext(init_cache(model.cfg, rows, length), 0))
         return KVCache(constrain_rows(cache.k, 1), constrain_rows(cache.v, 1), mask)

@@ -27,11 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from ragen_jax.core.sharding import FSDP, TENSOR, constrain_rows, traced_model_shards
 from ragen_jax.models.cpu_tuning import PerLayerKVCache, in_row_chunks
 from ragen_jax.models.head import chunked_logprobs
 
-FSDP, TENSOR = "fsdp", "tensor"
-ROWS = ("data", FSDP)  # the mesh axes a batch's rows are split over
 _NEG_INF = -1e30
 ATTENTION_BLOCK = 128  # query slots per attention block on long inputs (see Attention)
 PREFILL_BLOCK = 32  # the block `sampling.generate` uses for its prompt (see DecodeContext)
@@ -634,7 +633,7 @@ def for_inference(model: Decoder) -> Decoder:
         dtype = jnp.dtype(model.cfg.dtype)
         state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
     model = nnx.merge(graph, state)
-    if _model_shards() > 1:
+    if traced_model_shards() > 1:
         whole = lambda v: jax.lax.with_sharding_constraint(v, jax.sharding.PartitionSpec())
         model.embed_tokens.set_value(whole(model.embed_tokens[...]))
         if model.lm_head is not None:
@@ -698,65 +697,3 @@ def logprobs_at(model: Decoder, tokens: jax.Array, positions: jax.Array, mask: j
     hidden, _ = model(tokens, positions, mask)
     picked = jnp.take_along_axis(hidden, query_idx[..., None], axis=1)
     return token_logprobs(model, picked, targets, chunk_size=chunk_size, with_entropy=with_entropy)
-
-
-# ----------------------------------------------------------------------------- sharding
-
-
-def _model_shards() -> int:
-    """How many pieces the traced mesh (`jax.set_mesh`) splits the weights into (fsdp × tensor;
-    1 without a mesh and inside a `shard_map`)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not {FSDP, TENSOR} <= set(mesh.axis_names):
-        return 1
-    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
-        return 1
-    return mesh.shape[FSDP] * mesh.shape[TENSOR]
-
-
-def row_shards() -> int:
-    """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
-    without one, and inside a `shard_map`, where each device already holds its own rows)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(ROWS) <= set(mesh.axis_names):
-        return 1
-    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
-        return 1
-    return mesh.shape[ROWS[0]] * mesh.shape[ROWS[1]]
-
-
-def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
-    """x split over the mesh's data×fsdp axes along `axis` (its rows) when traced under a mesh
-    (`jax.set_mesh`, as the train step is) whose row shards divide them; else x as it is.
-    Without it GSPMD may follow the embedding's sharding (hidden dimension over fsdp) and keep
-    every row of a layer's activations on every device, summing partial products instead."""
-    shards = row_shards()
-    if shards == 1 or x.shape[axis] % shards:
-        return x
-    spec = [None] * x.ndim
-    spec[axis] = ROWS
-    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
-
-
-def fit_spec(shape, spec, mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec:
-    """Drop mesh axes that the mesh lacks or that do not divide the dimension (replicate it)."""
-    out = []
-    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        size = mesh.shape.get(axis, 0) if axis is not None else 0
-        out.append(axis if size and dim % size == 0 else None)
-    return jax.sharding.PartitionSpec(*out)
-
-
-def param_shardings(model: Decoder, mesh: jax.sharding.Mesh):
-    """NamedSharding for every parameter, from its partition spec fitted to the mesh."""
-    state = nnx.state(model)
-    specs = nnx.get_partition_spec(state)
-    return jax.tree.map(lambda x, s: jax.sharding.NamedSharding(mesh, fit_spec(x.shape, s, mesh)),
-                        state, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-
-
-def shard_model(model: Decoder, mesh: jax.sharding.Mesh) -> Decoder:
-    """Place an existing model's parameters on a mesh (in place) and return it."""
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, param_shardings(model, mesh)))
-    return model

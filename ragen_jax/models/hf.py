@@ -25,7 +25,8 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from ragen_jax.models import packaged
-from ragen_jax.models.decoder import ARCHITECTURES, Decoder, DecoderConfig, fit_spec
+from ragen_jax.core.sharding import fit_spec
+from ragen_jax.models.decoder import ARCHITECTURES, Decoder, DecoderConfig
 
 BUILTIN_TOKENIZER = str(Path(__file__).resolve().parent.parent / "text" / "assets")
 _INDEX = "model.safetensors.index.json"
@@ -357,8 +358,8 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: str | Non
     `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the
     host one file's worth at a time. Under several processes every process must call this
     (weights sharded across processes are gathered collectively); only process 0 writes."""
-    from ragen_jax.run.distributed import is_lead, to_host
-    from ragen_jax.run.files import usual_mode
+    from ragen_jax.core.distributed import is_lead, to_host
+    from ragen_jax.core.files import usual_mode
 
     lead = is_lead()
     path = Path(path)

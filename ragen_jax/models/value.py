@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.decoder import FSDP, Decoder, DecoderConfig
+from ragen_jax.core.sharding import FSDP
+from ragen_jax.models.decoder import Decoder, DecoderConfig
 
 
 class ValueModel(nnx.Module):

@@ -33,7 +33,7 @@ from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
 from ragen_jax.models.decoder import KVCache
 from ragen_jax.rollout.layout import BufferLayout, buffer_layout
-from ragen_jax.run import sharding
+from ragen_jax.core import sharding
 from ragen_jax.text.codec import TextCodec, detokenize, reasoning_length
 from ragen_jax.text.prompt import PromptTemplate, turn_ids
 

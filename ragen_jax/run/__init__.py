@@ -1,1 +1,2 @@
-"""Running an experiment: the config, building the pieces, checkpoints, devices and meshes, files."""
+"""The assembly of a run: the config's schema and files, building the pieces, checkpoints, the
+training loop."""

@@ -25,9 +25,9 @@ from ml_collections import config_dict as config_dict_lib
 
 from ragen_jax.envs import registry
 from ragen_jax.rl.filtering import METRIC_ALIASES
-from ragen_jax.run.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
+from ragen_jax.core.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
 from ragen_jax.run.schema import MODEL_NUMERICS, ModelSection, Settings
-from ragen_jax.run.sharding import rows_indivisible
+from ragen_jax.core.sharding import rows_indivisible
 from ragen_jax.training.step import StepConfig
 
 # Keys that may change between a run and its resumption (they do not change the numbers).

@@ -16,8 +16,9 @@ import ml_collections
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, packaged
-from ragen_jax.models.decoder import Decoder, DecoderConfig, init_model, shard_model
-from ragen_jax.run import distributed, sharding
+from ragen_jax.core.sharding import shard_model
+from ragen_jax.models.decoder import Decoder, DecoderConfig, init_model
+from ragen_jax.core import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved
 from ragen_jax.run.schema import ModelSection

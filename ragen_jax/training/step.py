@@ -39,7 +39,7 @@ from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, rollout, rollout_on_mesh
 from ragen_jax.rollout.policies import model_policy
-from ragen_jax.run import sharding
+from ragen_jax.core import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 

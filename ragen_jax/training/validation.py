@@ -8,7 +8,7 @@ compared on the same levels.
 
 The rollout is compiled once per static setting (the model's graph, env, env params,
 configs, mesh); the parameters and text tables are arguments, so validating new weights
-never recompiles:
+never recompiles (`render_trajectories`: ragen_jax.rollout.render):
 
     validator = Validator(model, env, env_params, codec, prompt, EvalConfig(), train_rollout)
     metrics, traj = validator(nnx.state(model))          # or the train state's `policy`
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from ragen_jax.models import sampling
 from ragen_jax.models.decoder import for_inference
 from ragen_jax.rollout.play import RolloutConfig, RowPart, Trajectories, initial_states, rollout, rollout_on_mesh
 from ragen_jax.rollout.policies import Policy, model_policy
-from ragen_jax.run import sharding
+from ragen_jax.core import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 from ragen_jax.training.step import rollout_metrics
@@ -179,97 +179,3 @@ def validate(
 
 
 # ----------------------------------------------------------------------------- readable text
-
-
-def _default_rows(batch: int, group_size: int, count: int) -> list[int]:
-    """First sample of each level, then second samples, ...: distinct levels first."""
-    group_size = max(1, min(group_size, batch))
-    order = [g * group_size + m for m in range(group_size) for g in range(batch // group_size)]
-    listed = set(order)
-    order += [b for b in range(batch) if b not in listed]
-    return order[:count]
-
-
-def render_trajectories(
-    traj: Trajectories,
-    tokenizer,
-    count: int = 4,
-    *,
-    action_names: Sequence[str] | None = None,
-    group_size: int = 1,
-    rows: Sequence[int] | None = None,
-) -> str:
-    """A few trajectories as text a person can read.
-
-    For each trajectory: a header (row, level, sample), then per turn played the decoded
-    observation (what the model was shown, chat markers included), the model's generation,
-    the parsed actions (names when `action_names` are given, e.g. `env.action_names`) and the
-    turn's reward; then the return and success. `rows` picks trajectories; by default
-    `count` of them, distinct levels first (`group_size` = samples per level). The system
-    message is shown once at the top; the segments come from the trajectories' `layout`.
-    """
-    host = jax.device_get(traj)
-    tokens, mask = np.asarray(host.tokens), np.asarray(host.mask)
-    batch = tokens.shape[0]
-    layout = traj.layout
-    if layout is None:
-        raise ValueError("the trajectories have no buffer layout (not made by ragen_jax.rollout.play.rollout)")
-    if rows is None:
-        rows = _default_rows(batch, group_size, max(0, int(count)))
-    rows = [int(b) for b in rows]
-    for b in rows:
-        if not 0 <= b < batch:
-            raise ValueError(f"row {b} is out of range: the batch has {batch} trajectories")
-
-    def decode(ids) -> str:
-        return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def segment(b: int, where: slice) -> np.ndarray:
-        return tokens[b, where][mask[b, where]]
-
-    def action_name(a: int) -> str:
-        if action_names is not None and 1 <= a <= len(action_names):
-            return str(action_names[a - 1])
-        return f"action {a}"
-
-    group_size = max(1, int(group_size))
-    turn_active, turn_valid = np.asarray(host.turn_active), np.asarray(host.turn_valid)
-    turn_reward, turn_actions = np.asarray(host.turn_reward), np.asarray(host.turn_actions)
-    gen_lengths = np.asarray(host.gen_lengths)
-
-    out: list[str] = []
-    if rows and layout.system > 0:
-        out += ["#" * 72, "# System prompt (the same for every trajectory)", "#" * 72,
-                _block(decode(segment(rows[0], slice(0, layout.system)))), ""]
-    for n, b in enumerate(rows, start=1):
-        played = int(turn_active[b].sum())
-        success = bool(host.success[b])
-        where = f"level {b // group_size}, sample {b % group_size + 1} of {group_size}" if group_size > 1 \
-            else f"level {b}"
-        out += ["=" * 72,
-                f"Trajectory {n}/{len(rows)} (row {b}, {where}): return {float(host.episode_reward[b]):+.2f}, "
-                f"{'SUCCESS' if success else 'no success'}, {played} turn(s)",
-                "=" * 72]
-        for t in range(layout.turns):
-            if not turn_active[b, t]:
-                out.append(f"(episode over after turn {t}; turns {t + 1}-{layout.turns} not played)")
-                break
-            actions = [action_name(int(a)) for a in turn_actions[b, t] if int(a) > 0]
-            valid = bool(turn_valid[b, t])
-            parsed = (", ".join(actions) if actions else "the answer text (read by the env)") if valid \
-                else "none (invalid answer: format penalty, no env step)"
-            out += [f"---- Turn {t + 1} ----",
-                    "[observation]",
-                    _block(decode(segment(b, layout.observation_slice(t)))),
-                    f"[model output] ({int(gen_lengths[b, t])} tokens)",
-                    _block(decode(segment(b, layout.generation_slice(t)))),
-                    f"[parsed actions] {parsed}",
-                    f"[reward] {float(turn_reward[b, t]):+.2f}"]
-        out += [f"Final: return {float(host.episode_reward[b]):+.2f}, success: {'yes' if success else 'no'}, "
-                f"{int(host.num_actions[b])} env action(s) in {played} turn(s)", ""]
-    return "\n".join(out)
-
-
-def _block(text: str) -> str:
-    """Decoded text verbatim; an empty segment is marked so it is not mistaken for a gap."""
-    return text if text else "(empty)"

@@ -1,5 +1,5 @@
 """benchmarks/board_reading.py's solver grading of first-turn plans, on a hand-made level
-(the reasoning-template shares are ragen_jax.analysis.reasoning_check's: tests/evaluation)."""
+(the reasoning-template shares are ragen_jax.diagnostics.reasoning_check's: tests/evaluation)."""
 
 import sys
 from pathlib import Path

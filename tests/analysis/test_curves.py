@@ -222,7 +222,7 @@ def test_panel_metric_names_are_the_ones_logged():
             assert f'"{leaf}"' in read("diagnostics/mi") + read("diagnostics/diagnose"), name
         elif name.startswith("val/reasoning/"):
             leaf = name.rsplit("/", 1)[1]
-            assert f'"{leaf}"' in read("analysis/reasoning_check") or f"{leaf}=" in read("analysis/reasoning_check"), name
+            assert f'"{leaf}"' in read("diagnostics/reasoning_check") or f"{leaf}=" in read("diagnostics/reasoning_check"), name
         elif name.startswith("val/"):
             # ragen_jax.training.validation reports rollout_metrics without their "rollout/" prefix
             assert f'"rollout/{name[4:]}"' in read("training/step"), name

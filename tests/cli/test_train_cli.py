@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.cli import evaluate, export, train
-from ragen_jax.training import loop
+from ragen_jax.run import loop
 
 from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 

@@ -188,7 +188,7 @@ def test_a_data_mesh_scores_rows_per_device_with_the_same_metrics(traj, copy_mod
     """On a mesh that splits only `data`, every device prefills and scores its own rows
     (sharding.per_device_rows; 8 devices: 2 rows each, one per-turn sample each): the metrics of
     one device, up to float rounding."""
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     mesh = sharding.make_mesh((8, 1, 1))
     _, want, _, (state, _, _), _ = results

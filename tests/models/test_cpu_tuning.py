@@ -31,7 +31,7 @@ def test_row_chunks_apply_per_device_inside_a_shard_map_only():
     device runs its own rows, no collectives) and not in a jit over an automatic mesh."""
     from jax.sharding import PartitionSpec
 
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     mesh = sharding.make_mesh((2, 1, 1))
     seen = []

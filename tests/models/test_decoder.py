@@ -154,7 +154,7 @@ def test_the_inference_copy_gives_the_same_numbers(hf_models, batch):
     the weights as they are; under a mesh that splits the model the embedding/head is whole on
     every device and the rest stays split."""
     from ragen_jax.models.decoder import for_inference
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")
     cast = for_inference(model)

@@ -179,7 +179,7 @@ def test_data_parallel_generate_gives_the_tokens_of_one_device(untied, monkeypat
     rows (filled in row chunks, forced here to 2 of each device's 3 rows, the last padded): the
     tokens, lengths and log-probs of the same call on one device, sampled with early stops."""
     from ragen_jax.models import cpu_tuning
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     model = untied[1]
     ids, mask = prompts_with_holes(6, seed=9)

@@ -151,7 +151,7 @@ def test_scanned_model_exports_per_layer_tensors_that_transformers_loads(models,
 
 
 def test_stacked_load_onto_a_mesh_reads_each_shard(hf_models, holey):
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
     path = hf_models["untied"][1]

@@ -7,7 +7,7 @@ import pytest
 
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.run import config as config_lib
-from ragen_jax.run.errors import ConfigError
+from ragen_jax.core.errors import ConfigError
 from ragen_jax.run.schema import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

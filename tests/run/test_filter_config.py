@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ragen_jax.run import config as config_lib
-from ragen_jax.run.errors import ConfigError
+from ragen_jax.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -117,9 +117,9 @@ def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
     """configs/<env>_tiny.py starts from a shipped warm start (init "": the config's own; on
     FrozenLake also the one before the noisy default, which the study runs from), which solves
     levels and whose reasoning states the player's cell of the board it was shown (a board-blind
-    policy gives RL nothing to reinforce; ragen_jax.analysis.reasoning_check)."""
-    from ragen_jax.analysis import reasoning_check
-    from ragen_jax.run import distributed
+    policy gives RL nothing to reinforce; ragen_jax.diagnostics.reasoning_check)."""
+    from ragen_jax.diagnostics import reasoning_check
+    from ragen_jax.core import distributed
     from ragen_jax.run.config import load_config_file
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training.validation import EvalConfig, validate

@@ -532,7 +532,7 @@ def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
         first = first or {k: float(v) for k, v in metrics.items() if k.startswith("mi/")}
     assert computed == [True, True, False, True]
     # on a data-only mesh each device scores its own rows inside the step: the same metrics
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     on_mesh = Trainer(config, model, env, params, codec, prompt, sharding.make_mesh((2, 1, 1)))
     _, metrics = on_mesh.step(on_mesh.init_state(jax.random.key(0), model))

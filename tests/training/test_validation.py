@@ -12,7 +12,8 @@ from ragen_jax.models import sampling
 from ragen_jax.models.decoder import DecoderConfig, init_model
 from ragen_jax.rollout.layout import BufferLayout
 from ragen_jax.rollout.play import RolloutConfig
-from ragen_jax.training.validation import EvalConfig, Validator, render_trajectories, validate, validation_rollout
+from ragen_jax.rollout.render import render_trajectories
+from ragen_jax.training.validation import EvalConfig, Validator, validate, validation_rollout
 
 from agent_setup import ScriptedPolicy, text_parts
 
@@ -151,7 +152,7 @@ def test_fixed_seeds_give_identical_results_on_the_seeds_levels(setup, levels, v
 def test_validation_on_a_data_only_mesh_plays_like_one_device(setup, validated):
     """On a mesh that splits only `data` each device plays its own rows (`rollout_on_mesh`):
     the same trajectories and metrics as the validation on one device."""
-    from ragen_jax.run import sharding
+    from ragen_jax.core import sharding
 
     env, params, _, codec, prompt = setup
     model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
@@ -181,7 +182,7 @@ def test_start_states_are_the_seeds_levels(setup, levels):
 def test_reasoning_check_gives_no_metrics_to_a_policy_without_the_template(setup, validated):
     """A random model never writes "Player (r, c)": no `reasoning/*` metrics rather than zeros
     (the shipped warm start's are checked in tests/sft)."""
-    from ragen_jax.analysis import reasoning_check
+    from ragen_jax.diagnostics import reasoning_check
 
     _, _, tok, _, _ = setup
     (_, traj), _, _ = validated

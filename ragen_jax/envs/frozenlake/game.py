@@ -105,7 +105,7 @@ class FrozenLakeGame(Game):
 def moves_into_holes(holes, cell) -> list[str]:
     """Host-side: names of the moves (in action order) that step from `cell` straight into a hole
     of the bool grid `holes` — what the warm start's reasoning names (ragen_jax.sft) and
-    ragen_jax.analysis.reasoning_check checks against the board."""
+    ragen_jax.diagnostics.reasoning_check checks against the board."""
     holes = np.asarray(holes, bool)
     rows, cols = holes.shape
     r, c = (int(x) for x in cell)

@@ -1,7 +1,7 @@
 """The reasoning-template check against hand-written rendered turns, and on real validations:
 the shipped warm start follows the template (tests/sft), a random model gets no metrics."""
 
-from ragen_jax.analysis import reasoning_check
+from ragen_jax.diagnostics import reasoning_check
 
 TURN = """---- Turn {n} ----
 [observation]

@@ -14,7 +14,7 @@ written before intact.
 
 Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
 prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
-`ragen_jax.analysis.reasoning_check`; metrics not computed at a step are absent; with validation on
+`ragen_jax.diagnostics.reasoning_check`; metrics not computed at a step are absent; with validation on
 (train.val_every > 0) a fresh run first validates the initial policy, logged as step 0, unless
 train.validate_at_start is false),
 TensorBoard event files in DIR, and orbax checkpoints in DIR/checkpoints.
@@ -24,7 +24,7 @@ The progress bar shows this step's training rollouts (`train_succ`, `return`), t
 latest validation success (`val_succ`) and first-turn MI-ZScore-EMA (`mi_z`), which are computed
 every few steps (after a resume, the last ones logged). Warnings go on lines of their own.
 
-Several processes train on one mesh under `jax.distributed` (`ragen_jax.run.distributed`):
+Several processes train on one mesh under `jax.distributed` (`ragen_jax.core.distributed`):
 auto-detected on TPU pod slices and SLURM, or `--coordinator HOST:PORT --num-processes N
 --process-id I` on each process. They share the workdir; process 0 writes the logs.
 """
@@ -41,13 +41,13 @@ from pathlib import Path
 
 import jax
 
-from ragen_jax.analysis import reasoning_check
+from ragen_jax.diagnostics import reasoning_check
 from ragen_jax.diagnostics.collapse import collapse_warning
-from ragen_jax.run import distributed
+from ragen_jax.core import distributed
 from ragen_jax.run import config as config_lib
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
-from ragen_jax.run.errors import ConfigError
-from ragen_jax.run.files import check_writable_dir, write_atomically
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.core.files import check_writable_dir, write_atomically
 from ragen_jax.run.schema import EarlyStopSection
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 1, 2, 143

@@ -17,9 +17,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ragen_jax.models.decoder import ROWS, fit_spec  # ROWS: the mesh axes trajectory rows are split over
-
 AXES = ("data", "fsdp", "tensor")
+FSDP, TENSOR = "fsdp", "tensor"
+ROWS = ("data", FSDP)  # the mesh axes trajectory rows are split over
 
 
 def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
@@ -37,7 +37,7 @@ def make_mesh(shape: tuple[int, int, int] = (1, 1, 1), devices=None) -> Mesh:
 
 def tracing_on(mesh: Mesh | None):
     """The context to trace a program for `mesh` in (`jax.set_mesh`; nothing without a mesh):
-    the model then keeps its activations' rows split over the mesh (`decoder.constrain_rows`)."""
+    the model then keeps its activations' rows split over the mesh (`sharding.constrain_rows`)."""
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
@@ -133,3 +133,65 @@ def rows_constraint(mesh: Mesh | None):
         return jax.tree.map(one, x)
 
     return constrain
+
+
+# ----------------------------------------------------------------------------- a model's parameters and activations
+
+
+def traced_model_shards() -> int:
+    """How many pieces the traced mesh (`jax.set_mesh`) splits the weights into (fsdp × tensor;
+    1 without a mesh and inside a `shard_map`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not {FSDP, TENSOR} <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[FSDP] * mesh.shape[TENSOR]
+
+
+def traced_row_shards() -> int:
+    """How many pieces the mesh a program is traced under (`jax.set_mesh`) splits rows into (1
+    without one, and inside a `shard_map`, where each device already holds its own rows)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(ROWS) <= set(mesh.axis_names):
+        return 1
+    if any(kind == jax.sharding.AxisType.Manual for kind in mesh.axis_types):
+        return 1
+    return mesh.shape[ROWS[0]] * mesh.shape[ROWS[1]]
+
+
+def constrain_rows(x: jax.Array, axis: int = 0) -> jax.Array:
+    """x split over the mesh's data×fsdp axes along `axis` (its rows) when traced under a mesh
+    (`jax.set_mesh`, as the train step is) whose row shards divide them; else x as it is.
+    Without it GSPMD may follow the embedding's sharding (hidden dimension over fsdp) and keep
+    every row of a layer's activations on every device, summing partial products instead."""
+    shards = traced_row_shards()
+    if shards == 1 or x.shape[axis] % shards:
+        return x
+    spec = [None] * x.ndim
+    spec[axis] = ROWS
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+
+
+def fit_spec(shape, spec, mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec:
+    """Drop mesh axes that the mesh lacks or that do not divide the dimension (replicate it)."""
+    out = []
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        size = mesh.shape.get(axis, 0) if axis is not None else 0
+        out.append(axis if size and dim % size == 0 else None)
+    return jax.sharding.PartitionSpec(*out)
+
+
+def param_shardings(model: nnx.Module, mesh: jax.sharding.Mesh):
+    """NamedSharding for every parameter, from its partition spec fitted to the mesh."""
+    state = nnx.state(model)
+    specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda x, s: jax.sharding.NamedSharding(mesh, fit_spec(x.shape, s, mesh)),
+                        state, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def shard_model(model: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.Module:
+    """Place an existing model's parameters on a mesh (in place) and return it."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, param_shardings(model, mesh)))
+    return model

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_jax.run.files import write_atomically
+from ragen_jax.core.files import write_atomically
 
 
 def test_write_atomically_replaces_the_whole_file(tmp_path):
@@ -34,7 +34,7 @@ def test_written_files_get_the_mode_open_gives(tmp_path):
     import stat
     import tempfile
 
-    from ragen_jax.run.files import usual_mode
+    from ragen_jax.core.files import usual_mode
 
     umask = os.umask(0o027)
     try:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ragen_jax.run import compile_cache
+from ragen_jax.core import compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def enable_in_a_fresh_process(cache_env: str):
     """enable() in a Python without JAX_COMPILATION_CACHE_DIR, then one jitted call: (stdout
     lines, stderr)."""
     code = ("import jax, jax.numpy as jnp\n"
-            "from ragen_jax.run import compile_cache\n"
+            "from ragen_jax.core import compile_cache\n"
             "print(compile_cache.enable())\n"
             "print(jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)).tolist())\n"
             "print(jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size)\n")

@@ -10,7 +10,7 @@ from ragen_jax.models.value import critic_from_policy
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig
-from ragen_jax.run import sharding
+from ragen_jax.core import sharding
 from ragen_jax.training.step import StepConfig, Trainer
 
 from agent_setup import text_parts, tiny_model

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from ragen_jax.run.errors import ConfigError
+from ragen_jax.core.errors import ConfigError
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ragen_jax.run.errors import ConfigError
+from ragen_jax.core.errors import ConfigError
 
 
 def add_arguments(parser) -> None:

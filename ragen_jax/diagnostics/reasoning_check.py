@@ -96,7 +96,7 @@ def validation_metrics(traj, tokenizer) -> dict[str, float]:
     """Every share of `reading_scores`, as `reasoning/<name>`, over every turn of host-side `traj`
     (e.g. `distributed.to_host` of a validation's), or {} when no turn states the player's cell
     (the template is not in use)."""
-    from ragen_jax.training.validation import render_trajectories
+    from ragen_jax.rollout.render import render_trajectories
 
     rows = list(range(traj.tokens.shape[0]))
     scores = reading_scores(render_trajectories(traj, tokenizer, rows=rows))

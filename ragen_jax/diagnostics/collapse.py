@@ -20,9 +20,14 @@ A falling entropy alongside falling MI is ordinary convergence (the policy got s
 itself), not an alarm. The peak and the entropy at it are updated *before* the test (a new
 peak never alarms), and a non-positive peak never alarms (there is no fraction of it to lose).
 Steps that are not `observed` (no valid reasoning sample) leave the state alone and never alarm.
+
+On the host, `AlarmLog` turns the per-step alarm into one warning when it starts, a note when it
+clears, and a count for the run's last line.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -87,3 +92,50 @@ def collapse_warning(metrics: dict, prefix: str = "mi/") -> str | None:
     return (f"possible template collapse: MI-ZScore-EMA {current:.3f} fell from its peak {peak:.3f} "
             f"while the first-turn reasoning's token entropy ({prefix}first_turn/reasoning_token_entropy) stays "
             f"at {entropy:.3f}; the reasoning may no longer depend on the input")
+
+
+class AlarmLog:
+    """For a host loop: the alarm over a run's diagnostics steps, so that the warning is shown
+    when the alarm starts (and a note when it clears) rather than at every step under it, and
+    the run's last line can say how often it was on.
+
+    `history` (the metrics.jsonl records of a resumed run) rebuilds the counts exactly; whether
+    the alarm is on is not carried over, so a resumed run still under alarm warns once again."""
+
+    def __init__(self, history: list[dict] = (), prefix: str = "mi/"):
+        self.prefix = prefix
+        self.on = False
+        self.alarmed = self.diagnosed = 0
+        self.first = None  # the first step under alarm
+        for record in history:
+            self.update(record["step"], record)
+        self.on = False
+
+    def update(self, step: int, metrics: dict) -> str | None:
+        """Fold in one step's metrics; returns the line to show when the alarm starts or clears,
+        else None. Steps without diagnostics (no or a NaN alarm) change nothing; a step with no
+        first-turn reasoning to read (valid_thinking_rate 0) counts but neither raises nor clears it."""
+        alarm = metrics.get(f"{self.prefix}collapse_alarm")
+        if alarm is None or not math.isfinite(float(alarm)):
+            return None
+        self.diagnosed += 1
+        if metrics.get(f"{self.prefix}first_turn/valid_thinking_rate", 1.0) == 0:
+            return None
+        was, self.on = self.on, float(alarm) > 0
+        if self.on:
+            self.alarmed += 1
+            self.first = step if self.first is None else self.first
+            return None if was else collapse_warning(metrics, self.prefix)
+        if not was:
+            return None
+        current = float(metrics.get(f"{self.prefix}first_turn/mi_zscore_ema", float("nan")))
+        peak = float(metrics.get(f"{self.prefix}collapse_peak", float("nan")))
+        return f"the collapse alarm cleared: MI-ZScore-EMA {current:.3f} (peak {peak:.3f})"
+
+    def summary(self) -> str:
+        """'; collapse alarm on at K of M diagnostics steps (first at step S)', or '' if it never fired."""
+        if not self.alarmed:
+            return ""
+        return (f"; collapse alarm on at {self.alarmed} of {self.diagnosed} diagnostics steps "
+                f"(first at step {self.first})")
+

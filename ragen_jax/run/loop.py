@@ -12,7 +12,8 @@ one line: exit code 2 for bad input (config, workdir, checkpoints), checked befo
 1 for a write that fails during the run (a full disk), which stops it with the checkpoints
 written before intact.
 
-Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step; validation metrics are
+Writes DIR/config.json, DIR/metrics.jsonl (one JSON object per step, every train.log_every steps
+and at every diagnostics step; validation metrics are
 prefixed `val/`, with `val/reasoning/*` when the policy reasons in the built-in tasks' template,
 `ragen_jax.diagnostics.reasoning_check`; metrics not computed at a step are absent; with validation on
 (train.val_every > 0) a fresh run first validates the initial policy, logged as step 0, unless
@@ -22,7 +23,9 @@ TensorBoard event files in DIR, and orbax checkpoints in DIR/checkpoints.
 The progress bar shows this step's training rollouts (`train_succ`, `return`), the filter's
 `kept` ratio, the policy's mean token entropy in the update (`tok_ent`, actor/entropy), and the
 latest validation success (`val_succ`) and first-turn MI-ZScore-EMA (`mi_z`), which are computed
-every few steps (after a resume, the last ones logged). Warnings go on lines of their own.
+every few steps (after a resume, the last ones logged). Warnings go on lines of their own: the
+collapse alarm's (docs/method.md#the-collapse-alarm) when it starts, with a note when it clears,
+and the run's last line counts the diagnostics steps it was on.
 
 Several processes train on one mesh under `jax.distributed` (`ragen_jax.core.distributed`):
 auto-detected on TPU pod slices and SLURM, or `--coordinator HOST:PORT --num-processes N
@@ -41,13 +44,13 @@ from pathlib import Path
 
 import jax
 
-from ragen_jax.diagnostics import reasoning_check
-from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.core import distributed
-from ragen_jax.run import config as config_lib
-from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import check_writable_dir, write_atomically
+from ragen_jax.diagnostics import reasoning_check
+from ragen_jax.diagnostics.collapse import AlarmLog
+from ragen_jax.run import config as config_lib
+from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.schema import EarlyStopSection
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 1, 2, 143
@@ -289,6 +292,7 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
     log = MetricsLog(workdir, run, start) if lead else None
     history = log.history if lead else read_history(workdir / "metrics.jsonl", start)
     stopper = EarlyStop(settings.early_stop, settings.diagnostics.stop_on_alarm, history)
+    alarms = AlarmLog(history)
     latest = latest_values(history)
     validator = None
     if settings.train.val_every:
@@ -319,12 +323,13 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
             metrics["time/step_seconds"] = time.perf_counter() - started
             if validator is not None and (step % settings.train.val_every == 0 or step == steps):
                 metrics.update(validation_metrics(validator, state.policy, exp))
-            if lead and (step % settings.train.log_every == 0 or step == steps):
+            diagnosed = math.isfinite(metrics.get("mi/collapse_alarm", math.nan))  # logged whatever log_every
+            if lead and (step % settings.train.log_every == 0 or step == steps or diagnosed):
                 log.write(step, metrics)
             latest = latest_values([metrics], latest)
-            warning = collapse_warning(metrics)
-            if lead and warning:
-                tell(f"warning: step {step}: {warning}", bar)
+            alarm_line = alarms.update(step, metrics)  # when the collapse alarm starts or clears
+            if lead and alarm_line:
+                tell(f"{'warning' if alarms.on else 'note'}: step {step}: {alarm_line}", bar)
             if bar is not None:
                 bar.set_postfix(progress_line(metrics, latest), refresh=False)
                 bar.update(1)
@@ -354,5 +359,5 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
         return EXIT_PREEMPTED
     if reason:
         print(f"early stop after step {step}: {reason}", file=sys.stderr)
-    print(f"done: {step} steps in {workdir}", file=sys.stderr)
+    print(f"done: {step} steps in {workdir}{alarms.summary()}", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.cli import evaluate, export, train
+from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.run import loop
 
 from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
@@ -83,24 +84,36 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
 
 def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_apart(tmp_path, capsys,
                                                                                         monkeypatch):
+    """Also the collapse alarm after a resume: warned once (on a line of its own) while it stays
+    on, and counted in the last line with the steps before the resume."""
     args = ["--config", CONFIG, "--workdir", str(tmp_path), *SMALL, "--config.train.val_every=2"]
     done = command("ragen_jax.train", *args, "--config.train.steps=2")
     assert done.returncode == 0, done.stderr[-2000:]
     logged = records(tmp_path)
     assert [r["step"] for r in logged] == [0, 1, 2]
-    # step 1's MI-ZScore-EMA as diagnostics log it (they are off in these small runs); step 2 has none
-    logged[1]["mi/first_turn/mi_zscore_ema"] = 1.234
+    # step 1's diagnostics as they would log them (they are off in these small runs); step 2 has none
+    logged[1].update({"mi/first_turn/mi_zscore_ema": 1.234, "mi/collapse_alarm": 1.0})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
-    monkeypatch.setattr(loop, "collapse_warning", lambda metrics: "an alarm")
-    assert train.main([*args, "--config.train.steps=3", "--config.logging.progress=true"]) == 0
+    alarmed = {"mi/collapse_alarm": 1.0, "mi/first_turn/mi_zscore_ema": 0.5, "mi/collapse_peak": 2.0,
+               "mi/first_turn/reasoning_token_entropy": 1.2}
+
+    class Alarmed(loop.AlarmLog):  # the resumed steps 3 and 4 raise the alarm
+        def update(self, step, metrics):
+            return super().update(step, {**metrics, **alarmed} if step > 2 else metrics)
+
+    monkeypatch.setattr(loop, "AlarmLog", Alarmed)
+    assert train.main([*args, "--config.train.steps=4", "--config.logging.progress=true"]) == 0
     err = capsys.readouterr().err
-    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3]  # no second validation of step 0 or 2
-    bar = [state for line in err.split("\n") for state in line.split("\r") if "3/3" in state][-1]  # the last
+    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3, 4]  # no second validation of step 0 or 2
+    bar = [state for line in err.split("\n") for state in line.split("\r") if "4/4" in state][-1]  # the last
     assert "mi_z=1.23" in bar and "tok_ent=" in bar, bar
     assert f"val_succ={records(tmp_path)[-1]['val/success']:.2f}" in bar and "train_succ=" in bar, bar
     assert "nan" not in err
-    # the warning is a line of its own, not appended to the bar's
-    assert "warning: step 3: an alarm" in [line.rsplit("\r", 1)[-1] for line in err.split("\n")], err
+    # the warning is a line of its own, not appended to the bar's, and said once
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
+    assert [line for line in lines if line.startswith("warning: step")] == [
+        f"warning: step 3: {collapse_warning(alarmed)}"], err
+    assert f"done: 4 steps in {tmp_path}; collapse alarm on at 3 of 3 diagnostics steps (first at step 1)" in lines
 
 
 def test_early_stopping_counts_no_validation_of_the_initial_policy():

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragen_jax.diagnostics.collapse import CollapseState, collapse_warning, update
+from ragen_jax.diagnostics.collapse import AlarmLog, CollapseState, collapse_warning, update
 
 f32 = np.float32
 
@@ -91,3 +91,25 @@ def test_warning_text():
                                 "mi/collapse_peak": 2.0, "mi/first_turn/reasoning_token_entropy": 1.2})
     assert "collapse" in message and "0.500" in message and "2.000" in message
     assert "first-turn reasoning's token entropy (mi/first_turn/reasoning_token_entropy) stays at 1.200" in message
+
+
+def test_alarm_log_warns_when_the_alarm_starts_notes_when_it_clears_and_counts():
+    """One line per change of the alarm, not one per step under it; steps without diagnostics
+    and steps with no reasoning to read change nothing; a resume rebuilds the counts."""
+    alarm = lambda on: {"mi/collapse_alarm": float(on), "mi/first_turn/mi_zscore_ema": 0.5,
+                        "mi/collapse_peak": 2.0, "mi/first_turn/reasoning_token_entropy": 1.2}
+    unread = {**alarm(False), "mi/first_turn/valid_thinking_rate": 0.0}
+    steps = [(1, alarm(0)), (2, {}), (5, alarm(1)), (6, {"mi/collapse_alarm": np.nan}), (10, alarm(1)),
+             (15, unread), (20, alarm(0)), (25, alarm(1))]
+    log = AlarmLog()
+    lines = {step: log.update(step, m) for step, m in steps}
+    assert lines[5] == collapse_warning(alarm(1)) and lines[25] == lines[5]
+    assert lines[20] == "the collapse alarm cleared: MI-ZScore-EMA 0.500 (peak 2.000)"
+    assert [s for s, line in lines.items() if line] == [5, 20, 25]
+    assert log.summary() == "; collapse alarm on at 3 of 6 diagnostics steps (first at step 5)"
+    assert AlarmLog().summary() == ""
+
+    resumed = AlarmLog([{"step": s, **m} for s, m in steps[:5]])  # a run resumed at step 10, under alarm
+    assert (resumed.alarmed, resumed.diagnosed, resumed.first) == (2, 3, 5)
+    assert resumed.update(15, alarm(1)) == lines[5]  # the resumed run says once that the alarm is on
+    assert resumed.update(20, alarm(1)) is None

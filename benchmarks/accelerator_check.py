@@ -62,7 +62,8 @@ def logits_difference(model, tokens) -> float:
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.decoder import Decoder, positions_from_mask
+    from ragen_jax.models.cache import positions_from_mask
+    from ragen_jax.models.decoder import Decoder
 
     def forward(m, ids):
         mask = jnp.ones(ids.shape, bool)

@@ -50,8 +50,6 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
     left."""
     import jax
 
-    from ragen_jax.envs.demo import solver_plan
-
     step = jax.jit(env.step, static_argnums=3)
     names = list(env.action_names)
 
@@ -60,7 +58,7 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
             state, _, done, _ = step(jax.random.key(0), state, names.index(name) + 1, env_params)
             if bool(done):
                 return bool(state.success)
-        plan = solver_plan(state)
+        plan = env.solve(state, env_params)
         return plan is not None and len(plan) <= min(budget - len(moves), (turns - 1) * per_turn)
 
     counts = dict(levels=0, board_mismatches=0, reasoning_keeps=0, answer_keeps=0,
@@ -76,7 +74,7 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
         if cells(env.render_text(start, env_params)) != first[0]:
             counts["board_mismatches"] += 1
             continue
-        plan = solver_plan(start)
+        plan = env.solve(start, env_params)
         if plan is None or not plan or len(plan) > min(budget, turns * per_turn):
             continue
         named, answered = moves

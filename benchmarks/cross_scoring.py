@@ -18,7 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.diagnostics.cross_scoring import cross_score
-from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.head import token_logprobs
 
 
 def naive_cross_score(model, prompts, prompt_mask, reasoning, reasoning_mask):

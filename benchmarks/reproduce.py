@@ -542,8 +542,7 @@ def ceiling(args) -> None:
         print(f"  best possible success              {np.mean(best):.3f}")
         print(f"  shortest-path replanning (the demos) {np.mean(replan):.3f}")
     else:
-        solvable = [ceilings.sokoban_solvable(s.room_fixed, s.room_state, s.player, budget)
-                    for s in map(level, range(args.eval_episodes))]
+        solvable = [ceilings.solvable(exp.env, level(i), exp.env_params, budget) for i in range(args.eval_episodes)]
         print(header)
         print(f"  solvable within the budget (best possible success) {np.mean(solvable):.3f}")
 

@@ -21,7 +21,9 @@ import numpy as np
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.decoder import DecoderConfig, init_cache, init_model
+from ragen_jax.models.cache import init_cache
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rollout.layout import buffer_layout
 from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
 from ragen_jax.rollout.policies import model_policy

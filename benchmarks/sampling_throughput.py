@@ -42,7 +42,8 @@ import numpy as np  # noqa: E402
 
 from ragen_jax.core import sharding  # noqa: E402
 from ragen_jax.models import hf, sampling  # noqa: E402
-from ragen_jax.models.decoder import DecoderConfig, init_model  # noqa: E402
+from ragen_jax.models.config import DecoderConfig  # noqa: E402
+from ragen_jax.models.decoder import init_model  # noqa: E402
 from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
 
 

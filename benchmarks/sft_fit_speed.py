@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from ragen_jax.models.decoder import DecoderConfig, init_model
+    from ragen_jax.models.config import DecoderConfig
+    from ragen_jax.models.decoder import init_model
     from ragen_jax.rl.batch import batch_from_trajectories, compact
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training import sft

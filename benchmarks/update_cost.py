@@ -30,7 +30,8 @@ import numpy as np
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.decoder import DecoderConfig, init_model
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig, rollout

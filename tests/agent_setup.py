@@ -6,7 +6,8 @@ import numpy as np
 
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.decoder import DecoderConfig, init_model
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rollout.policies import ScriptedPolicy  # noqa: F401  (re-exported for the tests)
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate

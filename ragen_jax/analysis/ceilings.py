@@ -10,7 +10,8 @@ of one turn are committed together).
   and the success of the policy the warm start imitates (each turn, the first moves of a
   shortest path that ignores the slip).
 - Sokoban is deterministic: a level is solvable by some policy iff the BFS solver finds a
-  solution within the move budget.
+  solution within the move budget (`solvable`: the same for any game with a solver, through
+  its `solve` hook).
 
 Plain Python/NumPy on the host, one level at a time (4×4 lakes have 16 cells).
 """
@@ -21,7 +22,11 @@ import itertools
 
 import numpy as np
 
-from ragen_jax.envs.solver import FROZENLAKE_MOVES, solve_frozenlake, solve_sokoban
+from ragen_jax.envs.game import require_solver
+from ragen_jax.envs.sokoban import solve_level
+from ragen_jax.envs.solver import FROZENLAKE_MOVES, solve_frozenlake
+
+SEARCH_STATES = 200_000  # the solver's search bound per level (a level beyond it counts as unsolvable)
 
 
 def _moves_per_turn(turns: int, per_turn: int, budget: int) -> list[int]:
@@ -125,8 +130,15 @@ def frozenlake_replanning(holes, start, goal, success_rate: float, turns: int, p
     return value[(int(start[0]), int(start[1]))]
 
 
+def solvable(env, state, params, budget: int) -> bool:
+    """Whether some sequence of at most `budget` moves solves the episode `state` (host arrays)
+    of a deterministic game, by the game's solver."""
+    require_solver(env, "the solvability ceiling")
+    plan = env.solve(state, params, max_states=SEARCH_STATES)
+    return plan is not None and len(plan) <= budget
+
+
 def sokoban_solvable(room_fixed, room_state, player, budget: int) -> bool:
-    """Whether some sequence of at most `budget` moves solves the level (deterministic env)."""
-    fixed, room = np.asarray(room_fixed), np.asarray(room_state)
-    plan = solve_sokoban(fixed == 0, fixed == 2, (room == 3) | (room == 4), np.asarray(player), max_states=200_000)
+    """`solvable` for a Sokoban level given as gym-sokoban room arrays."""
+    plan = solve_level(room_fixed, room_state, player, max_states=SEARCH_STATES)
     return plan is not None and len(plan) <= budget

@@ -272,7 +272,7 @@ def model_config(config, preset: str | None):
     """The model's shapes: `model.path`'s config (config.json or a GGUF file's metadata; no
     weights read), or a preset."""
     from ragen_jax.models import hf
-    from ragen_jax.models.decoder import PRESETS, DecoderConfig
+    from ragen_jax.models.config import PRESETS, DecoderConfig
     from ragen_jax.run.config import ConfigError, model_options
 
     m = config.model
@@ -304,15 +304,45 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     """Build the train step of `config` abstractly on a `mesh_shape` mesh of the devices
     present (fake CPU devices from `main`) and measure it. `pieces`: which of the micro-batch
     forward+backward ("remat-on", "remat-off") and the decode step ("decode") to compile."""
+    cfg, name, mesh, trainer, layout = _abstract_trainer(config, mesh_shape, preset)
+    step_config, algo = trainer.config, trainer.config.algo
+    state = _abstract_state(trainer, cfg, mesh)
+    memory = {
+        "parameters": _bytes(state.policy),
+        "optimiser": _bytes(state.policy_opt),
+        "critic": _bytes(state.critic) if state.critic is not None else 0,
+        "critic optimiser": _bytes(state.critic_opt) if state.critic is not None else 0,
+        "reference": _bytes(state.reference) if state.reference is not None else 0,
+    }
+    analytic = _analytic_memory(cfg, step_config, layout, mesh)
+    seconds = {}
+    xla_flops = {}
+    if pieces:
+        log(f"compiling the pieces ({', '.join(pieces)}) ...")
+        piece = _pieces(cfg, mesh, state.policy, layout, algo.micro_batch, step_config.rollout.batch, seconds,
+                        pieces)
+        memory.update(piece["memory"])
+        xla_flops.update(piece["flops"])
+    step = None
+    if compile_step:
+        log(f"compiling the whole train step on {mesh.size} devices (≈2 min for Qwen2.5-0.5B or 3B on 2 CPU cores; "
+            "--no-step skips it) ...")
+        step = _compile_step(trainer, state, mesh, seconds)
+    return Plan(model=name, num_params=cfg.num_params(), mesh=tuple(mesh_shape), dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, remat=cfg.remat, micro_batch=algo.micro_batch, layout=layout,
+                memory=memory, analytic=analytic, step=step, flops=analytic_flops(cfg, step_config, layout),
+                xla_flops=xla_flops, seconds=seconds)
+
+
+def _abstract_trainer(config, mesh_shape, preset: str | None):
+    """The run of `config` on a `mesh_shape` mesh of the first devices present, with the
+    model built abstractly: (model config, model name, mesh, `Trainer`, token-buffer layout)."""
     import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
     from ragen_jax.models.decoder import Decoder
-    from ragen_jax.models.value import ValueModel
     from ragen_jax.core import sharding
     from ragen_jax.run.config import ConfigError, build
-    from ragen_jax.training.step import Trainer, TrainState
+    from ragen_jax.training.step import Trainer
 
     devices = jax.devices()
     need = math.prod(mesh_shape)
@@ -330,12 +360,23 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     run = build(config, len(devices))
     mesh = sharding.make_mesh(run.mesh_shape, devices)
     env, env_params, codec, prompt = _text_setup(run, cfg)
-    step_config = run.step
-    rcfg, algo = step_config.rollout, step_config.algo
+    trainer = Trainer(run.step, _abstract(Decoder, cfg), env, env_params, codec, prompt, mesh)
+    return cfg, name, mesh, trainer, buffer_layout(env, env_params, codec, prompt, run.step.rollout)
 
-    abstract_model = _abstract(Decoder, cfg)
-    trainer = Trainer(step_config, abstract_model, env, env_params, codec, prompt, mesh)
-    rep = sharding.replicated(mesh)
+
+def _abstract_state(trainer, cfg, mesh):
+    """The `TrainState` as `Trainer.init_state` makes it, as ShapeDtypeStructs carrying the
+    mesh's shardings: weights and optimiser moments by their rules, the rest replicated."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ragen_jax.models.decoder import Decoder
+    from ragen_jax.models.value import ValueModel
+    from ragen_jax.core import sharding
+    from ragen_jax.training.step import TrainState
+
+    algo, rep = trainer.config.algo, sharding.replicated(mesh)
 
     def placed(state):
         shardings = sharding.module_shardings(state, mesh)
@@ -349,15 +390,15 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     def replicate(tree):
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=rep), tree)
 
-    policy = placed(nnx.state(abstract_model))
+    policy = placed(nnx.state(_abstract(Decoder, cfg)))
     critic = placed(nnx.state(_abstract(ValueModel, cfg))) if algo.uses_critic else None
     diagnostics = None
-    if step_config.diagnostics is not None:
+    if trainer.config.diagnostics is not None:
         from ragen_jax.diagnostics.diagnose import DiagnosticsState
 
         diagnostics = replicate(jax.eval_shape(DiagnosticsState.create))
     key = jax.eval_shape(lambda: jax.random.key(0))
-    state = TrainState(
+    return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
         key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
         policy=policy, policy_opt=optimiser(trainer.actor_tx, policy),
@@ -365,7 +406,16 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         reference=policy if algo.uses_reference else None,
         empty_streak=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), diagnostics=diagnostics)
 
-    layout = buffer_layout(env, env_params, codec, prompt, rcfg)
+
+def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
+    """What the formulas predict one device holds: the train state's parts, the rollout's KV
+    cache, the compute-dtype weights, the diagnostics' cache and working set, the gradients
+    and one micro-batch's activations with and without remat."""
+    import jax.numpy as jnp
+
+    from ragen_jax.core import sharding
+
+    rcfg, algo, diagnostics = step_config.rollout, step_config.algo, step_config.diagnostics
     row_shards = sharding.row_shards(mesh)
     local_rows = rcfg.batch // row_shards
     model_shards = mesh.shape["fsdp"] * mesh.shape["tensor"]
@@ -373,59 +423,50 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * compute  # bytes per cached slot and row
     param_bytes = jnp.dtype(cfg.param_dtype).itemsize
     head_params = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * cfg.hidden_size
-    memory = {
-        "parameters": _bytes(policy),
-        "optimiser": _bytes(state.policy_opt),
-        "critic": _bytes(critic) if critic is not None else 0,
-        "critic optimiser": _bytes(state.critic_opt) if critic is not None else 0,
-        "reference": _bytes(state.reference) if state.reference is not None else 0,
-    }
+    params = cfg.num_params() * param_bytes / model_shards
+    critic = (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if algo.uses_critic else 0
     analytic = {
-        "parameters": cfg.num_params() * param_bytes / model_shards,
-        "optimiser": 2 * cfg.num_params() * param_bytes / model_shards,  # AdamW: two moments
-        "critic": (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic is not None else 0,
-        "critic optimiser": 2 * (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if critic else 0,
-        "reference": cfg.num_params() * param_bytes / model_shards if algo.uses_reference else 0,
+        "parameters": params,
+        "optimiser": 2 * params,  # AdamW: two moments
+        "critic": critic,
+        "critic optimiser": 2 * critic,
+        "reference": params if algo.uses_reference else 0,
         "rollout KV cache": local_rows * layout.length * kv,
         # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)
         # (stored in the compute dtype: no copy; the embedding/head whole on every device)
         "inference weights": ((cfg.num_params() / model_shards if cfg.param_dtype != cfg.dtype else 0)
                               + head_params * (1 - 1 / model_shards)) * compute,
         "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
-                                if step_config.diagnostics is not None else 0),
-        "cross-scoring working set": (cross_scoring_bytes(cfg, step_config.diagnostics, rcfg, layout)
-                                      if step_config.diagnostics is not None else 0),
-        "gradients": cfg.num_params() * param_bytes / model_shards,
+                                if diagnostics is not None else 0),
+        "cross-scoring working set": (cross_scoring_bytes(cfg, diagnostics, rcfg, layout)
+                                      if diagnostics is not None else 0),
+        "gradients": params,
     }
     micro_rows = max(1, algo.micro_batch // row_shards)
-    k = layout.turns * layout.generation
     for remat in (True, False):
         analytic[f"activations, remat {'on' if remat else 'off'}"] = activation_bytes(
-            cfg, micro_rows, layout.length, k, remat, sharded=model_shards > 1)
-    seconds = {}
-    xla_flops = {}
-    if pieces:
-        log(f"compiling the pieces ({', '.join(pieces)}) ...")
-        piece = _pieces(cfg, mesh, policy, layout, algo.micro_batch, rcfg.batch, seconds, pieces)
-        memory.update(piece["memory"])
-        xla_flops.update(piece["flops"])
-    step = None
-    if compile_step:
-        log(f"compiling the whole train step on {need} devices (≈2 min for Qwen2.5-0.5B or 3B on 2 CPU cores; "
-            "--no-step skips it) ...")
-        shardings = jax.tree.map(lambda x: x.sharding, state)
-        started = time.perf_counter()
-        with sharding.tracing_on(mesh):
-            compiled = jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, rep)).lower(
-                state, trainer.codec, trainer.prompt).compile()
-        seconds["train step"] = time.perf_counter() - started
-        stats = compiled.memory_analysis()
-        step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
-        step["peak"] = step["argument"] + step["output"] - step["alias"] + step["temp"]
-    return Plan(model=name, num_params=cfg.num_params(), mesh=tuple(mesh_shape), dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype, remat=cfg.remat, micro_batch=algo.micro_batch, layout=layout,
-                memory=memory, analytic=analytic, step=step, flops=analytic_flops(cfg, step_config, layout),
-                xla_flops=xla_flops, seconds=seconds)
+            cfg, micro_rows, layout.length, layout.turns * layout.generation, remat, sharded=model_shards > 1)
+    return analytic
+
+
+def _compile_step(trainer, state, mesh, seconds: dict) -> dict:
+    """Compile the whole train step for `state`'s shardings; its memory_analysis (bytes per
+    device: arguments, outputs, aliased, temporaries and their peak). Adds its compile time
+    to `seconds`."""
+    import jax
+
+    from ragen_jax.core import sharding
+
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    started = time.perf_counter()
+    with sharding.tracing_on(mesh):
+        compiled = jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh))
+                           ).lower(state, trainer.codec, trainer.prompt).compile()
+    seconds["train step"] = time.perf_counter() - started
+    stats = compiled.memory_analysis()
+    step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
+    step["peak"] = step["argument"] + step["output"] - step["alias"] + step["temp"]
+    return step
 
 
 def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, seconds: dict, which) -> dict:
@@ -440,7 +481,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache
+    from ragen_jax.models.decoder import Decoder
     from ragen_jax.rl.batch import Batch, policy_logprobs
     from ragen_jax.core import sharding
 
@@ -495,10 +536,26 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
             counted = compiled if unrolled == cfg else micro_batch_gradient(unrolled)
             flops["micro-batch fwd+bwd"] = (_xla_flops(counted) * devices, (4 if remat else 3) * fwd + 4 * head)
 
-    if "decode" not in which:
-        return {"memory": memory, "flops": flops}
-    graph = nnx.graphdef(_abstract(Decoder, unrolled))
-    kv = jax.eval_shape(lambda: init_cache(cfg, batch, s))
+    if "decode" in which:
+        seconds["decode step"], flops["decode step (last turn)"] = _decode_piece(
+            cfg, mesh, params_of(unrolled), array, rows, layout, batch)
+    return {"memory": memory, "flops": flops}
+
+
+def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: int):
+    """Compile one decode step of the rollout at the last turn over the whole batch, with the
+    layers unrolled (`params` of that model); `array` makes a row-split input, `rows` is the
+    mesh axis the rows are split over (or None). Returns (compile seconds, (XLA FLOPs × devices,
+    analytic FLOPs))."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ragen_jax.models.cache import DecodeContext, init_cache
+    from ragen_jax.models.decoder import Decoder
+
+    graph = nnx.graphdef(_abstract(Decoder, dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)))
+    kv = jax.eval_shape(lambda: init_cache(cfg, batch, layout.length))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
     cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
                      jax.ShapeDtypeStruct(kv.v.shape, kv.v.dtype, sharding=kv_rows), array(kv.mask.shape, bool))
@@ -509,12 +566,12 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         hidden, cache = model(token, position, active, DecodeContext(cache, offset, key_limit=offset + 1))
         return model.logits(hidden[:, 0]), cache
 
+    i32 = jnp.int32
     started = time.perf_counter()
-    compiled = jax.jit(decode_step).lower(params_of(unrolled), cache, array((batch, 1), i32),
-                                          array((batch, 1), i32), array((batch, 1), bool)).compile()
-    seconds["decode step"] = time.perf_counter() - started
-    flops["decode step (last turn)"] = (_xla_flops(compiled) * devices, forward_flops(cfg, batch, offset + 1, batch))
-    return {"memory": memory, "flops": flops}
+    compiled = jax.jit(decode_step).lower(params, cache, array((batch, 1), i32), array((batch, 1), i32),
+                                          array((batch, 1), bool)).compile()
+    seconds = time.perf_counter() - started
+    return seconds, (_xla_flops(compiled) * mesh.size, forward_flops(cfg, batch, offset + 1, batch))
 
 
 def _xla_flops(compiled) -> float:

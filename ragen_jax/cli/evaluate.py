@@ -47,7 +47,7 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
     """The evaluation's result and a few trajectories as text (on process 0; "" elsewhere).
     Refuses a workdir it could not write its results to before playing anything."""
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
-    from ragen_jax.models.decoder import for_inference
+    from ragen_jax.models.stacking import for_inference
     from ragen_jax.run.experiment import restore_run
     from ragen_jax.rollout.render import render_trajectories
     from ragen_jax.training.validation import Validator

@@ -16,7 +16,7 @@ from flax import nnx
 
 from ragen_jax.core import compile_cache, quiet
 from ragen_jax.core.files import check_writable_dir, describe, write_atomically
-from ragen_jax.training.sft import SFTConfig, warm_start
+from ragen_jax.training.sft import SFTConfig, check_env, warm_start
 
 
 def main(argv=None) -> int:
@@ -51,11 +51,7 @@ def main(argv=None) -> int:
         # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
         sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, batch_size=extra.batch_size, lr=extra.lr,
                         noise=extra.noise, name_holes=extra.name_holes, seed=exp.run.settings.seed)
-        if extra.name_holes and exp.env.name != "frozenlake":
-            raise ConfigError(f"--name-holes: FrozenLake only, not env.name={exp.run.env_name!r}")
-        if exp.env.answer_kind != "actions":
-            raise ConfigError(f"env.name={exp.run.env_name!r}: solver demonstrations exist for the board games only "
-                              f"(SimpleSokoban, LargerSokoban, FrozenLake)")
+        check_env(exp.env, sft)  # a solver, and holes to name if asked
         check_writable_dir(workdir, "--workdir")
         if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
             raise ConfigError(f"workdir {workdir} already has checkpoints; use a new --workdir")

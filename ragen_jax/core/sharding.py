@@ -1,7 +1,7 @@
 """Device mesh and placement rules (docs/architecture.md#sharding-by-mesh).
 
 One mesh with axes (`data`, `fsdp`, `tensor`). Parameters carry partition specs over `fsdp`
-and `tensor` (set where each weight is declared, `models/decoder.py`); an axis that does not
+and `tensor` (set where each weight is declared, `models/layers.py`); an axis that does not
 divide a dimension is dropped (that dimension is replicated). Trajectory rows — env groups,
 token buffers, KV caches — are split over `data` × `fsdp`. The same train step runs on one
 CPU, on 8 fake CPU devices and on a TPU slice; only the mesh changes.

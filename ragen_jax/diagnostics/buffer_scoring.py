@@ -27,7 +27,9 @@ from jax.sharding import PartitionSpec
 from ragen_jax.core import sharding
 from ragen_jax.core.sharding import constrain_rows, traced_row_shards
 from ragen_jax.models.cpu_tuning import map_row_blocks
-from ragen_jax.models.decoder import DecodeContext, Decoder, KVCache, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import DecodeContext, KVCache, init_cache, positions_from_mask
+from ragen_jax.models.decoder import Decoder
+from ragen_jax.models.head import token_logprobs
 
 
 def prefill_buffers(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int = 8,

@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.diagnostics.mi import MIEmaState, equivalent_columns, mi_metrics
-from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import DecodeContext, init_cache, positions_from_mask
+from ragen_jax.models.decoder import Decoder
+from ragen_jax.models.head import token_logprobs
 from ragen_jax.models.sampling import prefill
 
 

@@ -12,10 +12,12 @@ What is measured. Prompt groups are bucketed by the quantile
 of their in-group reward std (`reward_std_buckets`). For every bucket, `gradient_norms` gives
 the global L2 norm of
 
-- the gradient of the task loss: the clipped policy-gradient surrogate of `rl.losses.policy_loss`
-  (without the filter's loss scale), restricted to the bucket's rows, and
-- the gradient of the regularisation loss: −entropy_coef·entropy + kl_coef·KL on the same rows
-  (the KL term only when kl_coef > 0 and reference parameters are given),
+- the gradient of the task loss: the clipped policy-gradient surrogate of the update's actor
+  loss, `rl.losses.actor_loss` (without the filter's loss scale), restricted to the bucket's
+  rows, and
+- the gradient of the regularisation loss: the rest of that loss, −entropy_coef·entropy +
+  kl_coef·KL, on the same rows (the KL term only when kl_coef > 0 and reference parameters
+  are given),
 
 each aggregated with the bucket's own normaliser (`rl.losses.aggregation_normaliser` of the
 bucket's loss mask), so masking the other rows out is exactly the same as slicing the
@@ -43,6 +45,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.rl import losses
+from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.batch import Batch, policy_logprobs
 
 
@@ -99,16 +102,10 @@ def gradient_norms(
     group_of_row: jax.Array,
     buckets: jax.Array,
     num_buckets: int,
+    algo: AlgoConfig,
     *,
-    entropy_coef: float,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
+    temperature: float,
     reference_params: nnx.State | None = None,
-    temperature: float = 1.0,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    dual_clip: float | None = None,
-    aggregation: str = "token-mean",
     rows_per_bucket: int | None = None,
 ) -> dict[str, jax.Array]:
     """Per reward-std bucket, the norms of the task- and regularisation-loss gradients.
@@ -116,81 +113,70 @@ def gradient_norms(
     policy_graph, params: the policy (`nnx.graphdef` / `nnx.state` of a `Decoder`); batch: the
     update's view of the rollout with advantages filled in (`ragen_jax.rl.batch.Batch`);
     group_of_row: int[B] group index of every row; buckets: int32[G] bucket of every group
-    (`reward_std_buckets`); num_buckets: static bucket count. The other arguments are those of
-    the actor loss (`ragen_jax.rl.update.actor_step`): log-probs at the sampling `temperature`, the
-    clipped surrogate with (clip_low, clip_high, dual_clip), `aggregation`, and the KL to
-    `reference_params` with `kl_estimator` (counted only when kl_coef > 0 and a reference is
-    given; the reference log-probs are constants).
+    (`reward_std_buckets`); num_buckets: static bucket count. The loss is the update's,
+    `rl.losses.actor_loss` with `algo`, on log-probs at the sampling `temperature`; its KL term
+    counts when `algo.uses_reference` and `reference_params` are given.
 
     Returns, for b in [0, num_buckets):
-      grad/bucket{b}/task_norm   ‖∇θ policy_loss(rows of bucket b)‖₂
+      grad/bucket{b}/task_norm   ‖∇θ clipped surrogate(rows of bucket b)‖₂
       grad/bucket{b}/reg_norm    ‖∇θ (−entropy_coef·entropy + kl_coef·KL)(rows of bucket b)‖₂
       grad/bucket{b}/reward_std  mean over the bucket's groups of their unbiased reward std
-                                 (rewards: each row's summed `batch.rewards`, i.e. its
-                                 episode reward)
+                                 (each row's summed `batch.rewards`: its episode reward)
       grad/bucket{b}/groups      how many groups the bucket holds
-    Each loss uses the bucket's own aggregation normaliser (its loss mask with every other
-    row masked out), so it equals the loss of a batch made of the bucket's rows alone.
+    Each loss uses the bucket's own aggregation normaliser, so it equals the loss of a batch
+    made of the bucket's rows alone.
 
-    Static shapes: for each bucket (one at a time, `lax.map`) a fixed number of rows,
-    `rows_per_bucket` (default: all B rows), is gathered, the bucket's rows first in row
-    order; the rest are masked out. The forward and the two backward passes run on those rows
-    only, so with `rows_per_bucket = bucket_capacity(G, N, num_buckets)` the whole analysis
-    costs about one forward and two backward passes over the batch instead of num_buckets
-    times that. Rows are independent in the model, so the capacity changes the cost, not the
-    result.
+    Static shapes: per bucket (one at a time, `lax.map`) `rows_per_bucket` rows (default: all
+    B) are gathered, the bucket's first, the rest masked out; with `bucket_capacity(G, N,
+    num_buckets)` the analysis costs about one forward and two backward passes over the batch.
+    Rows are independent in the model, so the capacity changes the cost, not the result.
 
-    NaN, never a crash: a bucket without a loss token (in particular one without any group)
-    has NaN norms and a NaN reward std (with 0 groups); a bucket with more rows than
-    `rows_per_bucket` has NaN norms (they would be missing rows). Jittable, with
-    policy_graph, num_buckets and the keyword arguments static.
+    NaN, never a crash: a bucket without a loss token (or without groups) has NaN norms and a
+    NaN reward std (with 0 groups); a bucket with more rows than `rows_per_bucket` has NaN
+    norms. Jittable, with policy_graph, num_buckets, algo and the keyword arguments static.
     """
-    use_kl = kl_coef > 0 and reference_params is not None
-    num_groups = buckets.shape[0]
     num_rows = batch.loss_mask.shape[0]
     capacity = num_rows if rows_per_bucket is None else min(int(rows_per_bucket), num_rows)
     if capacity < 1:
         raise ValueError(f"rows_per_bucket={rows_per_bucket} must be >= 1")
+    reference = reference_params if algo.uses_reference else None
+    logprobs = lambda p, rows: policy_logprobs(nnx.merge(policy_graph, p), rows, temperature)
     row_bucket = buckets[group_of_row]
-
-    def logprobs(p, rows: Batch):
-        return policy_logprobs(nnx.merge(policy_graph, p), rows, temperature)
-
-    def task_loss(logp, rows: Batch, normaliser):
-        pg, _ = losses.policy_loss(logp, rows.old_logprobs, rows.advantages, rows.loss_mask, clip_low=clip_low,
-                                   clip_high=clip_high, dual_clip=dual_clip, aggregation=aggregation,
-                                   normaliser=normaliser)
-        return pg
-
-    def reg_loss(logp, entropy, ref_logp, rows: Batch, normaliser):
-        reg = -entropy_coef * losses.aggregate(entropy, rows.loss_mask, aggregation, normaliser)
-        if use_kl:
-            kl = losses.kl_penalty(logp, ref_logp, kl_estimator)
-            reg = reg + kl_coef * losses.aggregate(kl, rows.loss_mask, aggregation, normaliser)
-        return reg
 
     def one_bucket(b):
         member = row_bucket == b
         picked = jnp.argsort(~member, stable=True)[:capacity]  # the bucket's rows first
         rows = jax.tree.map(lambda a: a[picked], batch)
         rows = rows.replace(loss_mask=rows.loss_mask & member[picked][:, None])
-        normaliser = losses.aggregation_normaliser(rows.loss_mask, aggregation)
-        # one forward on the gathered rows; each loss's cotangent pulled back to the parameters
-        (logp, entropy), pullback = jax.vjp(lambda p: logprobs(p, rows), params)
-        ref_logp = jax.lax.stop_gradient(logprobs(reference_params, rows)[0]) if use_kl else None
-        d_task = jax.grad(task_loss)(logp, rows, normaliser)
-        d_reg = jax.grad(reg_loss, argnums=(0, 1))(logp, entropy, ref_logp, rows, normaliser)
-        task = _norm(pullback((d_task, jnp.zeros_like(entropy))))
-        reg = _norm(pullback(d_reg))
+        task, reg = _task_and_reg_norms(algo, logprobs, params, reference, rows)
         undefined = ~jnp.any(rows.loss_mask) | (jnp.sum(member) > capacity)
         return jnp.where(undefined, jnp.nan, task), jnp.where(undefined, jnp.nan, reg)
 
     task_norms, reg_norms = jax.lax.map(one_bucket, jnp.arange(num_buckets, dtype=buckets.dtype))
+    return _bucket_metrics(task_norms, reg_norms, batch, group_of_row, buckets)
 
+
+def _task_and_reg_norms(algo: AlgoConfig, logprobs, params, reference, rows: Batch):
+    """‖∇θ task‖₂ and ‖∇θ regularisation‖₂ of `rl.losses.actor_loss` on `rows`, with their own
+    normaliser: the task term is its clipped surrogate, the regularisation the loss with the
+    task term weighted 0. One forward (plus one of the reference for KL); each term's
+    cotangent is pulled back to the parameters through the same residuals (`jax.vjp`)."""
+    normaliser = losses.aggregation_normaliser(rows.loss_mask, algo.aggregation)
+    (logp, entropy), pullback = jax.vjp(lambda p: logprobs(p, rows), params)
+    ref_logp = None if reference is None else logprobs(reference, rows)[0]
+    loss = lambda lp, ent, task_scale: losses.actor_loss(algo, lp, ent, ref_logp, rows, normaliser, task_scale)
+    d_task = jax.grad(lambda lp, ent: loss(lp, ent, 1.0)[1]["actor/pg_loss"], argnums=(0, 1))(logp, entropy)
+    d_reg = jax.grad(lambda lp, ent: loss(lp, ent, 0.0)[0], argnums=(0, 1))(logp, entropy)
+    return _norm(pullback(d_task)), _norm(pullback(d_reg))
+
+
+def _bucket_metrics(task_norms, reg_norms, batch: Batch, group_of_row, buckets) -> dict[str, jax.Array]:
+    """The per-bucket metrics of `gradient_norms`: the norms, the mean reward std of the
+    bucket's groups (NaN when it has none) and its group count."""
     row_rewards = jnp.sum(batch.rewards.astype(jnp.float32), axis=-1)
-    group_std = _group_reward_std(row_rewards, group_of_row, num_groups)
+    group_std = _group_reward_std(row_rewards, group_of_row, buckets.shape[0])
     metrics = {}
-    for b in range(num_buckets):
+    for b in range(task_norms.shape[0]):
         members = buckets == b
         count = jnp.sum(members)
         mean_std = jnp.sum(jnp.where(members, group_std, 0.0)) / count  # 0/0 = NaN when empty

@@ -11,25 +11,19 @@ import argparse
 import sys
 
 import jax
-import numpy as np
 
 from ragen_jax.envs import registry
-from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
 
 
-def solver_plan(state) -> list[int] | None:
-    """The BFS solver's plan from this state (Sokoban or FrozenLake)."""
-    if hasattr(state, "room_fixed"):
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        return solve_sokoban(fixed == 0, fixed == 2, (room == 3) | (room == 4), np.asarray(state.player))
-    return solve_frozenlake(np.asarray(state.holes), np.asarray(state.player), np.asarray(state.goal))
+def solvable_games() -> list[str]:
+    """The registered names (and aliases) of the games with a solver, the ones the demo can play."""
+    games = [(name, registry.entry(name).env) for name in registry.names()]
+    return [name for name, env in games if env is not None and env.has_solver]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ragen_jax.envs.demo", description=__doc__.splitlines()[0])
-    games = [n for n in registry.names() if registry.ALIASES.get(n, n) in registry.PRESETS
-             and registry.PRESETS[registry.ALIASES.get(n, n)][0].answer_kind == "actions"]
-    parser.add_argument("--env", default="sokoban", choices=games, help="a board game (the solver plays it)")
+    parser.add_argument("--env", default="sokoban", choices=solvable_games(), help="a game with a solver (it plays)")
     parser.add_argument("--levels", type=int, default=3, help="how many generated levels to print")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", default="grid", choices=("grid", "grid_coord"))
@@ -43,7 +37,7 @@ def main(argv=None) -> int:
     key = jax.random.key(args.seed)
     states = [reset(k, params) for k in jax.random.split(key, args.levels)]
     for i, state in enumerate(states):
-        plan = solver_plan(state)
+        plan = env.solve(state, params)
         length = "unsolvable" if plan is None else f"optimal solution: {len(plan)} moves"
         print(f"--- {args.env} level {i} (seed {args.seed}), {length} ---")
         print(env.render_text(state, params, args.format))
@@ -53,7 +47,7 @@ def main(argv=None) -> int:
     state, total, step_key = states[0], 0.0, jax.random.fold_in(key, 1)
     print(env.render_text(state, params, args.format))
     for t in range(params.max_steps):
-        plan = solver_plan(state)
+        plan = env.solve(state, params)
         if not plan:
             break
         action = plan[0]

@@ -11,6 +11,11 @@ Conventions shared by all games:
 - `info` carries `success`, `action_is_valid`, `action_is_effective` and `truncated`;
 - `symbol_grid(state, params)` gives the board as an int32 grid of symbol ids, the form a
   text view draws it from (`ragen_jax.envs.text_view`).
+
+Host-side hooks for what is built on a game (the supervised warm start's demonstrations, the
+demo, the task ceilings), so no caller asks which game it has: `solve` (a shortest plan from
+a state; a game without a solver keeps the default and `has_solver` is False) and
+`deterministic_params` (the parameters with the dynamics' randomness switched off).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 Info = dict[str, jax.Array]
+SOLVER_STATES = 2_000_000  # the default bound on the states a solver's search may visit
 
 
 class Game:
@@ -49,6 +55,28 @@ class Game:
 
     def symbol_grid(self, state: Any, params: Any) -> jax.Array:
         raise NotImplementedError
+
+    def solve(self, state: Any, params: Any, max_states: int = SOLVER_STATES) -> list[int] | None:
+        """Host-side: a shortest action sequence (1-based) from `state`, one episode's host arrays,
+        to success as if the dynamics were deterministic; [] when already solved, None when
+        unsolvable or when the search would visit more than `max_states` states."""
+        raise NotImplementedError(f"env {self.name} has no solver")
+
+    @property
+    def has_solver(self) -> bool:
+        """Whether the game defines `solve`."""
+        return type(self).solve is not Game.solve
+
+    def deterministic_params(self, params: Any) -> Any:
+        """`params` with any randomness of the dynamics switched off (a slip, say), so a plan made on
+        the host plays out as planned; unchanged for a deterministic game."""
+        return params
+
+
+def require_solver(game: Game, needed_by: str) -> None:
+    """One clear line when `game` has no solver and `needed_by` (e.g. "the supervised warm start") needs one."""
+    if not game.has_solver:
+        raise ValueError(f"env {game.name} has no solver: {needed_by} needs one")
 
 
 def keep_where(rows: jax.Array, new: Any, old: Any) -> Any:

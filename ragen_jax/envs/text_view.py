@@ -15,6 +15,10 @@ An answer becomes steps: the rollout hands every answer to the view through one 
 "actions" (Sokoban, FrozenLake): the answer is parsed into action ids and `step` runs once per
 action. "text" (Countdown, QA, `TextAnswerView`): the game reads the answer itself, `step_text`
 with the bytes of the `<answer>` group.
+
+A demonstration's reasoning is the view's too: `demo_reasoning` says, from the state, what the
+supervised warm start's templated reasoning before a planned move says (`can_name_holes`: it
+can also name the moves that would step into a hole).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class TextView:
     render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this view offers
     answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": TextAnswerView
     max_answer_bytes: int = 0  # "text" views: the longest answer group `step_text` reads
+    can_name_holes: bool = False  # `demo_reasoning` can name the moves into a hole (FrozenLake)
 
     def step_text(self, key: jax.Array, state: Any, answer: jax.Array, length: jax.Array, params: Any,
                   tables: dict):
@@ -121,6 +126,12 @@ class TextView:
     def coordinate_lines(self, state: Any, params: Any) -> list[str]:
         """The `grid_coord` header lines (views that offer that format define them)."""
         raise NotImplementedError
+
+    def demo_reasoning(self, state: Any, params: Any, moves: list[str], name_holes: bool = False) -> str:
+        """The warm start's reasoning before `moves` (action names) from `state` (host arrays):
+        templated but grounded in the state, so the fitted policy starts by reading the board.
+        `name_holes` (views with `can_name_holes`): also the moves that would step into a hole."""
+        return f"I move {' then '.join(moves)}."
 
 
 class TextAnswerView(TextView):

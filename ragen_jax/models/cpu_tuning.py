@@ -1,16 +1,18 @@
-"""Shapes of the Qwen2 forward tuned for XLA's CPU backend (`decoder.py` and `sampling.py` call them).
+"""Shapes of the Qwen2 forward tuned for XLA's CPU backend (the layers and `sampling.py` use them).
 
 One switch, `on_cpu_per_device()`, decides where the CPU tuning applies: row chunks
 (`in_row_chunks`: a chunk's activations stay in the caches) and a decode step's q/k/v in one
 matmul (`fused_qkv`). Accelerators keep one large kernel and the sharded weights as they are.
+A forward reads the switch once (`CpuPath.for_call`) and its layers ask the `CpuPath`.
 
 `PerLayerKVCache` is the cache layout a decode loop of an unrolled model (`scan_layers=False`)
 works on, on every backend: each layer its own loop buffer, keys stored transposed (on CPU the
-score matmul is ~2x faster). A scanned model reads its layers from the stacked `decoder.KVCache`.
+score matmul is ~2x faster). A scanned model reads its layers from the stacked `cache.KVCache`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import jax
@@ -18,7 +20,10 @@ import jax.numpy as jnp
 from flax import struct
 
 if TYPE_CHECKING:
-    from ragen_jax.models.decoder import Attention, KVCache, Decoder, DecoderConfig
+    from ragen_jax.models.cache import DecodeContext, KVCache
+    from ragen_jax.models.config import DecoderConfig
+    from ragen_jax.models.decoder import Decoder
+    from ragen_jax.models.layers import Attention
 
 CHUNK_FLOATS = 1 << 20  # 4 MB of f32: what one chunk's activations may take (see row_chunk)
 
@@ -42,7 +47,12 @@ def row_chunk(rows: int, floats_per_row: int, minimum: int = 1) -> int:
     """Rows per chunk for `in_row_chunks`: all of them, except where `on_cpu_per_device` and the
     rows' activations exceed CHUNK_FLOATS; then as few equal chunks as keep each within it (or
     at `minimum` rows)."""
-    if not on_cpu_per_device() or rows * floats_per_row <= CHUNK_FLOATS:
+    return _chunk_rows(rows, floats_per_row, minimum) if on_cpu_per_device() else rows
+
+
+def _chunk_rows(rows: int, floats_per_row: int, minimum: int) -> int:
+    """`row_chunk` on one CPU device."""
+    if rows * floats_per_row <= CHUNK_FLOATS:
         return rows
     pieces = -(-rows // max(minimum, CHUNK_FLOATS // floats_per_row))
     return -(-rows // pieces)  # equal chunks: the least padding
@@ -95,6 +105,38 @@ def fused_qkv(model: Decoder) -> tuple[tuple[jax.Array, jax.Array], ...] | None:
     return tuple(concat_qkv(block.self_attn) for block in model.layers)
 
 
+# ----------------------------------------------------------------------------- one forward's path
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuPath:
+    """What one forward computes differently on one CPU device, decided once for the call
+    (`for_call`, in `Decoder.__call__`): its layers ask this object, not the switch.
+
+    `fills_cache`: the call writes or reads a KV cache; its MLP and each prefill attention block
+    then go through `rows` (a training forward without a cache keeps one piece: the backward
+    pass of a loop over chunks is slower). `on_cpu`: `on_cpu_per_device()` when the call began;
+    only then does `rows` split large inputs. `qkv`: each layer's fused q/k/v kernel and bias
+    (`DecodeContext.fused_qkv`), or None."""
+
+    fills_cache: bool = False
+    on_cpu: bool = False
+    qkv: tuple[tuple[jax.Array, jax.Array], ...] | None = None
+
+    @classmethod
+    def for_call(cls, context: DecodeContext) -> CpuPath:
+        return cls(context.cache is not None, on_cpu_per_device(), context.fused_qkv)
+
+    def layer_qkv(self, layer) -> tuple[jax.Array, jax.Array] | None:
+        """Layer `layer`'s q/k/v kernel and bias as one (`concat_qkv`), or None: separate projections."""
+        return None if self.qkv is None else self.qkv[layer]
+
+    def rows(self, fn, floats_per_row: int, *arrays: jax.Array, minimum: int = 1):
+        """fn(*arrays), on one CPU device in row chunks of `row_chunk` rows (see `in_row_chunks`)."""
+        block = _chunk_rows(arrays[0].shape[0], floats_per_row, minimum) if self.on_cpu else 0
+        return map_row_blocks(fn, block, *arrays)
+
+
 # ----------------------------------------------------------------------------- per-layer cache
 
 
@@ -104,7 +146,7 @@ class PerLayerKVCache:
     [B * kv_heads, S, head_dim] (tuples over layers), slot validity [B, S]. Each layer is then
     its own loop buffer, written in place and read by the attention matmuls as is: slicing a
     layer out of the stacked array copies it every step, and on CPU the score matmul is ~2x
-    faster with keys stored transposed. Reads and writes like `decoder.KVCache`."""
+    faster with keys stored transposed. Reads and writes like `cache.KVCache`."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -118,6 +160,11 @@ class PerLayerKVCache:
     @property
     def length(self) -> int:
         return self.mask.shape[1]
+
+    @property
+    def layered(self) -> bool:
+        """`read` gives keys [B * kv_heads, head_dim, S] and values [B * kv_heads, S, head_dim]."""
+        return True
 
     @classmethod
     def empty(cls, cfg: DecoderConfig, batch: int, length: int, dtype) -> PerLayerKVCache:

@@ -26,11 +26,12 @@ from safetensors.numpy import save_file
 
 from ragen_jax.models import packaged
 from ragen_jax.core.sharding import fit_spec
-from ragen_jax.models.decoder import ARCHITECTURES, Decoder, DecoderConfig
+from ragen_jax.models.config import ARCHITECTURES, DecoderConfig
+from ragen_jax.models.decoder import Decoder
 
 BUILTIN_TOKENIZER = str(Path(__file__).resolve().parent.parent / "text" / "assets")
 _INDEX = "model.safetensors.index.json"
-# Hugging Face class -> its config.json model_type (decoder.ARCHITECTURES, in the same order)
+# Hugging Face class -> its config.json model_type (config.ARCHITECTURES, in the same order)
 MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 assert tuple(MODEL_TYPES) == ARCHITECTURES
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.core.sharding import FSDP
-from ragen_jax.models.decoder import Decoder, DecoderConfig
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import Decoder
 
 
 class ValueModel(nnx.Module):

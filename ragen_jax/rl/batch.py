@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.models.decoder import DecodeContext, Decoder, init_cache, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import DecodeContext, init_cache, positions_from_mask
+from ragen_jax.models.decoder import Decoder
+from ragen_jax.models.head import token_logprobs
 from ragen_jax.models.value import ValueModel
 from ragen_jax.rollout.play import Trajectories
 

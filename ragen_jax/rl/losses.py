@@ -2,13 +2,20 @@
 docs/method.md#policy-loss-clipping-and-aggregation.
 
 All inputs are token-level [B, T] arrays with `mask` marking the generated tokens that get
-loss; every function returns a scalar (and the clip fraction where it is logged).
+loss; every function returns a scalar (and the clip fraction where it is logged). `actor_loss`
+puts them together into the policy's loss, for the update and the gradient analysis alike.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from ragen_jax.rl.algorithms import AlgoConfig
+    from ragen_jax.rl.batch import Batch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k3")
@@ -67,6 +74,28 @@ def policy_loss(
         loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
     clip_fraction = aggregate((clipped > unclipped).astype(jnp.float32), mask, "token-mean")
     return aggregate(loss, mask, aggregation, normaliser), clip_fraction
+
+
+def actor_loss(algo: AlgoConfig, logprobs: jax.Array, entropy: jax.Array, ref_logprobs: jax.Array | None,
+               rows: Batch, normaliser: jax.Array, task_scale=1.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The policy's loss on `rows` (their old log-probs, advantages and loss mask), as the update
+    trains it: task_scale · clipped surrogate − entropy_coef · entropy, plus kl_coef · KL to the
+    reference when `ref_logprobs` is given (constants: no gradient), every term aggregated with
+    `algo.aggregation` and `normaliser`. `task_scale` is the filter's loss scale; 0 leaves the
+    regularisation alone. One function, so the gradient analysis measures the loss the update
+    trains. Returns (loss, its terms: actor/pg_loss, actor/entropy, actor/kl, actor/clip_frac)."""
+    mask, aggregation = rows.loss_mask, algo.aggregation
+    pg, clip_fraction = policy_loss(logprobs, rows.old_logprobs, rows.advantages, mask, clip_low=algo.clip_low,
+                                    clip_high=algo.clip_high, dual_clip=algo.dual_clip, aggregation=aggregation,
+                                    normaliser=normaliser)
+    ent = aggregate(entropy, mask, aggregation, normaliser)
+    loss = task_scale * pg - algo.entropy_coef * ent
+    kl = jnp.float32(0.0)
+    if ref_logprobs is not None:
+        kl = aggregate(kl_penalty(logprobs, jax.lax.stop_gradient(ref_logprobs), algo.kl_estimator), mask,
+                       aggregation, normaliser)
+        loss = loss + algo.kl_coef * kl
+    return loss, {"actor/pg_loss": pg, "actor/entropy": ent, "actor/kl": kl, "actor/clip_frac": clip_fraction}
 
 
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str = "k3") -> jax.Array:

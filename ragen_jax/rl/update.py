@@ -108,33 +108,23 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, po
 
 
 def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor):
-    """One optimiser step of the policy on a minibatch: the clipped policy loss (times the
-    filter's `scale`), minus the entropy bonus, plus the KL penalty to `reference` when set."""
+    """One optimiser step of the policy on a minibatch: `losses.actor_loss` (the clipped policy
+    loss times the filter's `scale`, minus the entropy bonus, plus the KL penalty to `reference`
+    when set)."""
     algo, temperature = learner.algo, learner.temperature
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
     token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
 
     def loss_fn(p, b: Batch):
-        model = nnx.merge(learner.policy_graph, p)
-        logp, entropy = policy_logprobs(model, b, temperature)
-        pg, clipped = losses.policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask,
-                                         clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                         dual_clip=algo.dual_clip, aggregation=algo.aggregation,
-                                         normaliser=normaliser)
-        ent = losses.aggregate(entropy, b.loss_mask, algo.aggregation, normaliser)
-        total = scale * pg - algo.entropy_coef * ent
-        kl = jnp.float32(0.0)
+        logp, entropy = policy_logprobs(nnx.merge(learner.policy_graph, p), b, temperature)
+        ref_logp = None
         if algo.uses_reference:
             ref_logp, _ = policy_logprobs(nnx.merge(learner.policy_graph, reference), b, temperature)
-            kl = losses.aggregate(losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), algo.kl_estimator),
-                                  b.loss_mask, algo.aggregation, normaliser)
-            total = total + algo.kl_coef * kl
+        total, terms = losses.actor_loss(algo, logp, entropy, ref_logp, b, normaliser, task_scale=scale)
         # token-weighted sums so the accumulated totals are minibatch means
         weight = b.loss_mask.sum() / token_count
         approx_kl = jnp.sum(jnp.where(b.loss_mask, b.old_logprobs - logp, 0.0)) / token_count
-        aux = {"actor/pg_loss": pg, "actor/entropy": ent, "actor/kl": kl, "actor/clip_frac": clipped * weight,
-               "actor/approx_kl": approx_kl}
-        return total, aux
+        return total, {**terms, "actor/clip_frac": terms["actor/clip_frac"] * weight, "actor/approx_kl": approx_kl}
 
     loss, aux, grads, micro_batches = accumulate(learner, loss_fn, params, mbatch)
     updates, opt = learner.actor_tx.update(grads, opt, params)

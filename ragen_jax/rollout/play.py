@@ -31,7 +31,7 @@ from flax import struct
 
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.models.decoder import KVCache
+from ragen_jax.models.cache import KVCache
 from ragen_jax.rollout.layout import BufferLayout, buffer_layout
 from ragen_jax.core import sharding
 from ragen_jax.text.codec import TextCodec, detokenize, reasoning_length

@@ -9,7 +9,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from ragen_jax.models import sampling
-from ragen_jax.models.decoder import Decoder, init_cache
+from ragen_jax.models.cache import init_cache
+from ragen_jax.models.decoder import Decoder
 from ragen_jax.rollout.play import RolloutConfig, RowPart
 from ragen_jax.text.codec import TextCodec, action_starts_next, ends_with_answer_close
 from ragen_jax.text.prompt import PromptTemplate

@@ -32,7 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from ragen_jax.models.decoder import stack_layers, stacked_layout, unstack_layers
+from ragen_jax.models.stacking import stack_layers, stacked_layout, unstack_layers
 from ragen_jax.core import distributed
 from ragen_jax.core.files import describe, write_atomically
 from ragen_jax.training.step import TrainState

@@ -24,9 +24,10 @@ import ml_collections
 from ml_collections import config_dict as config_dict_lib
 
 from ragen_jax.envs import registry
+from ragen_jax.models.config import DecoderConfig
 from ragen_jax.rl.filtering import METRIC_ALIASES
 from ragen_jax.core.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
-from ragen_jax.run.schema import MODEL_NUMERICS, ModelSection, Settings
+from ragen_jax.run.schema import Settings
 from ragen_jax.core.sharding import rows_indivisible
 from ragen_jax.training.step import StepConfig
 
@@ -294,7 +295,8 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
 def model_options(config: ml_collections.ConfigDict) -> dict:
     """The `DecoderConfig` fields the `model` section sets (a saved config that predates a key
     gets its default)."""
-    return {key: config.model.get(key, getattr(ModelSection, key)) for key in MODEL_NUMERICS}
+    defaults = DecoderConfig.numeric_defaults()
+    return {key: config.model.get(key, default) for key, default in defaults.items()}
 
 
 def to_json(config: ml_collections.ConfigDict | dict) -> str:

@@ -17,7 +17,8 @@ import ml_collections
 from ragen_jax.envs import registry
 from ragen_jax.models import hf, packaged
 from ragen_jax.core.sharding import shard_model
-from ragen_jax.models.decoder import Decoder, DecoderConfig, init_model
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import Decoder, init_model
 from ragen_jax.core import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved

@@ -16,24 +16,24 @@ import math
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import sampling
-from ragen_jax.models.decoder import PRESETS, REMAT_POLICIES
+from ragen_jax.models.config import NUMERICS, PRESETS, DecoderConfig, check_numerics
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.training.validation import EvalConfig
 
-QA_ARGUMENTS = {"data_path": "data_path", "data_dir": "data_dir", "num_records": "num_records", "data_seed": "seed",
-                "max_attempts": "max_attempts"}  # env key -> the MathQA factory's argument
+GENERIC_ENV_KEYS = ("name", "reward_noise")  # every env's; the other `env` keys are the registry's options
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
-    """The environment and its options; each option is for the envs that use it (setting one
-    for another env is an error, not silently ignored)."""
+    """The environment and its options. Which env takes which option, and its allowed values, is
+    the registry's (`registry.Entry.options`); setting an option for an env that does not take
+    it is an error, not silently ignored."""
 
     name: str = "SimpleSokoban"
     max_steps: int | None = None  # None: the preset's
-    # MathQA only: records from a local file (JSON lines / JSON / parquet), else `num_records`
+    # MathQA: records from a local file (JSON lines / JSON / parquet), else `num_records`
     # generated arithmetic problems from `data_seed`; prepared by tensorflow-datasets under
     # `data_dir` (None: its default); a question allows `max_attempts` valid answers.
     data_path: str | None = None
@@ -41,7 +41,7 @@ class EnvSection:
     num_records: int = 1000
     data_seed: int = 0
     max_attempts: int = 1
-    # FrozenLake only: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
+    # FrozenLake: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
     # deterministic); None: the preset's 1/3, the classic slippery lake.
     success_rate: float | None = None
     # Every env: the chance a finished training episode's reward is replaced by the reward of an
@@ -53,44 +53,30 @@ class EnvSection:
         if self.name not in registry.names():
             raise ValueError(f"env.name={self.name!r} is not a known environment; allowed: "
                              f"{', '.join(registry.names())}")
-        if self.success_rate is not None:
-            if not self.is_frozenlake:
-                raise ValueError(f"env.success_rate={self.success_rate} is only used by FrozenLake, not {self.name}")
-            if not 0.0 <= self.success_rate <= 1.0:
-                raise ValueError(f"env.success_rate={self.success_rate} must be in [0, 1] "
-                                 "(or None for the preset's 1/3)")
-        if self.is_qa:
-            if self.max_steps is not None:
-                raise ValueError(f"env.max_steps={self.max_steps} is not used by {self.name}; use env.max_attempts")
-        else:
-            defaults = {field.name: field.default for field in dataclasses.fields(self)}
-            for key in QA_ARGUMENTS:
-                if getattr(self, key) != defaults[key]:
-                    raise ValueError(f"env.{key}={getattr(self, key)!r} is only used by MathQA, not {self.name}")
-
-    @property
-    def is_qa(self) -> bool:
-        return registry.ALIASES.get(self.name, self.name) in registry.FACTORIES
-
-    @property
-    def is_frozenlake(self) -> bool:
-        return registry.ALIASES.get(self.name, self.name) == "FrozenLake"
+        options = registry.entry(self.name).options
+        for field in dataclasses.fields(self):
+            key, value = field.name, getattr(self, field.name)
+            if key in options:
+                options[key].check(key, value)
+            elif key not in GENERIC_ENV_KEYS and value != field.default:
+                raise ValueError(f"env.{key}={value!r} is only used by {', '.join(registry.users(key)) or 'no env'}, "
+                                 f"not {self.name} (its options: {', '.join(options) or 'none'})")
 
     def arguments(self) -> dict:
         """The keyword arguments `registry.make` gets besides the name (unset options: none)."""
-        if self.is_qa:
-            return {arg: getattr(self, key) for key, arg in QA_ARGUMENTS.items() if getattr(self, key) is not None}
-        slip = {} if self.success_rate is None else {"success_rate": float(self.success_rate)}
-        return {**({} if self.max_steps is None else {"max_steps": self.max_steps}), **slip}
+        arguments = {}
+        for key, option in registry.entry(self.name).options.items():
+            arguments.update(option.keyword(key, getattr(self, key)))
+        return arguments
 
 
-# The `model` keys that are `DecoderConfig` fields (its numerics); the rest say where weights come from.
-MODEL_NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
+_NUMERICS = DecoderConfig.numeric_defaults()
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """The policy: a local Hugging Face checkpoint (`path`) or a built-in preset, and its numerics."""
+    """The policy: a local Hugging Face checkpoint (`path`) or a built-in preset, and its numerics:
+    `DecoderConfig`'s NUMERICS fields, with the model's defaults and checks (models/config.py)."""
 
     preset: str | None = "tiny"  # built-in shapes, random init (or `init` weights); ignored when `path` is set
     # a local checkpoint: a Hugging Face directory (config.json + safetensors), a GGUF file, or a
@@ -98,18 +84,12 @@ class ModelSection:
     path: str | None = None
     # initial weights: a train/sft workdir, a Hugging Face dir, a GGUF file, pkg:…, or builtin:<name> (shipped)
     init: str | None = None
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    # rematerialise each layer in the backward pass, keeping what `remat_policy` names
-    # (full | minimal | dots: ragen_jax.models.decoder.REMAT_POLICIES)
-    remat: bool = False
-    remat_policy: str = "full"
-    # one layer's program scanned over stacked weights (compile time independent of depth)
-    # instead of a Python loop over the layers (on a CPU the tiny model runs faster unrolled)
-    scan_layers: bool = False
-    # log-probs over the vocabulary this many entries at a time (0: all at once); at a 152K
-    # vocabulary the f32 logits are most of the loss's and the diagnostics' memory
-    vocab_chunk: int = 0
+    dtype: str = _NUMERICS["dtype"]  # float32 | bfloat16
+    param_dtype: str = _NUMERICS["param_dtype"]
+    remat: bool = _NUMERICS["remat"]  # rematerialise each layer, keeping what remat_policy names
+    remat_policy: str = _NUMERICS["remat_policy"]  # full | minimal | dots
+    scan_layers: bool = _NUMERICS["scan_layers"]  # one layer's program scanned over stacked weights
+    vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
 
     def __post_init__(self):
         if not self.path and not self.preset:
@@ -119,18 +99,11 @@ class ModelSection:
         if not self.path and self.preset not in PRESETS:
             raise ValueError(f"model.preset={self.preset!r} is not known; allowed: {', '.join(PRESETS)} "
                              "(or set model.path to a Hugging Face checkpoint directory)")
-        for key in ("dtype", "param_dtype"):
-            if getattr(self, key) not in ("float32", "bfloat16"):
-                raise ValueError(f"model.{key}={getattr(self, key)!r} is not supported; allowed: float32, bfloat16")
-        if self.vocab_chunk < 0:
-            raise ValueError(f"model.vocab_chunk={self.vocab_chunk} must be >= 0 (0: the whole vocabulary at once)")
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"model.remat_policy={self.remat_policy!r} is not supported; allowed: "
-                             f"{', '.join(REMAT_POLICIES)}")
+        check_numerics(self.options(), prefix="model.")
 
     def options(self) -> dict:
         """The `DecoderConfig` fields this section sets."""
-        return {key: getattr(self, key) for key in MODEL_NUMERICS}
+        return {key: getattr(self, key) for key in NUMERICS}
 
 
 _ROLLOUT, _SAMPLING = RolloutConfig(), RolloutConfig().sampling

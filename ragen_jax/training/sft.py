@@ -8,18 +8,19 @@ demonstrations in exactly the multi-turn format the rollout produces and fits th
 them:
 
 1. Levels come from the same generator the rollout uses. On the host, each turn re-plans with
-   the BFS solver from the current state and takes the first `max_actions_per_turn` moves; with
-   probability `noise` the first move of a turn is replaced by a random one (sub-optimal
-   moves, so RL has room to improve and the data covers recovering from mistakes).
-2. The reasoning is templated but input-dependent (where the player, boxes, targets or goal
-   are, and which way the plan goes; on FrozenLake with `--name-holes` also which moves would
-   step into a hole), so the warm-started policy starts with grounded reasoning — the state the
-   MI diagnostics should see before any collapse.
+   the env's solver (`env.solve`: BFS for the board games) from the current state and takes
+   the first `max_actions_per_turn` moves; with probability `noise` the first move of a turn is
+   replaced by a random one (sub-optimal moves, so RL has room to improve and the data covers
+   recovering from mistakes).
+2. The reasoning is the env's template (`env.demo_reasoning`), input-dependent (where the
+   player, boxes, targets or goal are, and which way the plan goes; on FrozenLake with
+   `--name-holes` also which moves would step into a hole), so the warm-started policy starts
+   with grounded reasoning — the state the MI diagnostics should see before any collapse.
 3. The texts are fed through the real `rollout` with a scripted policy, so the token buffer,
    hole layout and loss mask are exactly those of training. Episodes are generated on a
-   deterministic copy of the env (FrozenLake `success_rate=1`) so the host's plan matches the
-   rollout's states; the policy learns the observation → action mapping, which then meets the
-   real (slippery) dynamics in RL.
+   deterministic copy of the env (`env.deterministic_params`: FrozenLake `success_rate=1`) so
+   the host's plan matches the rollout's states; the policy learns the observation → action
+   mapping, which then meets the real (slippery) dynamics in RL.
 4. Loss: token-mean negative log-likelihood of the generated tokens (AdamW, cosine decay), on
    minibatches with their holes squeezed out (`batch.compact`: same numbers, shorter sequences).
 
@@ -40,56 +41,28 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax.envs.frozenlake import moves_into_holes
-from ragen_jax.envs.solver import solve_frozenlake, solve_sokoban
+from ragen_jax.envs import registry
+from ragen_jax.envs.game import require_solver
 from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, initial_states, rollout
 from ragen_jax.rollout.policies import ScriptedPolicy
 
 NOISE = 0.1
+PLAN_STATES = 200_000  # the solver's search bound per plan (a level beyond it ends that demonstration)
 
 
 # ----------------------------------------------------------------------------- demonstrations
 
 
-def plan(env, state) -> list[int]:
-    """BFS-optimal actions from `state` (host arrays); [] when solved or unsolvable."""
-    if hasattr(state, "room_fixed"):  # Sokoban
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        actions = solve_sokoban(fixed == 0, fixed == 2, (room == 3) | (room == 4), np.asarray(state.player),
-                                max_states=200_000)
-    else:
-        actions = solve_frozenlake(np.asarray(state.holes), np.asarray(state.player), np.asarray(state.goal))
-    return actions or []
-
-
-def _cells(mask) -> str:
-    rows, cols = np.nonzero(np.asarray(mask))
-    return ", ".join(f"({r}, {c})" for r, c in zip(rows, cols))
-
-
-def reasoning(env, state, names: list[str], name_holes: bool = False) -> str:
-    """Templated, state-dependent reasoning for the chosen moves (on FrozenLake with `name_holes`
-    also the moves that would step into a hole: "…, holes: Left, Down. I move …")."""
-    player = tuple(int(x) for x in np.asarray(state.player))
-    moves = " then ".join(names)
-    if hasattr(state, "room_fixed"):  # Sokoban
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        boxes = _cells((room == 3) | (room == 4))
-        targets = _cells(fixed == 2)
-        return f"Player {player}, box {boxes}, target {targets}. I move {moves}."
-    goal = tuple(int(x) for x in np.asarray(state.goal))
-    if not name_holes:
-        return f"Player {player}, goal {goal}. I move {moves}."
-    # without them the fitted policy walks into a hole in 30% of slip-free episodes, with them
-    # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/tuning.md, naming the holes)
-    holes = ", ".join(moves_into_holes(state.holes, player)) or "none"
-    return f"Player {player}, goal {goal}, holes: {holes}. I move {moves}."
+def plan(env, env_params, state) -> list[int]:
+    """The solver's shortest plan from `state` (host arrays); [] when solved or unsolvable."""
+    return env.solve(state, env_params, max_states=PLAN_STATES) or []
 
 
 def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.random.Generator,
                         noise: float = NOISE, name_holes: bool = False) -> list[list[str]]:
     """texts[b][t]: what the policy writes after `<think>` at turn t of episode b."""
+    require_solver(env, "the supervised warm start")
     step = jax.jit(env.step, static_argnums=3)
     texts = []
     for b in range(config.batch):
@@ -98,13 +71,14 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
         for _ in range(config.max_turns):
             if bool(state.done) or budget == 0:
                 break
-            actions = plan(env, state)[: min(config.max_actions_per_turn, budget)]
+            actions = plan(env, env_params, state)[: min(config.max_actions_per_turn, budget)]
             if not actions:
                 break
             if rng.random() < noise:
                 actions[0] = int(rng.integers(1, env.num_actions + 1))
             names = [env.action_names[a - 1] for a in actions]
-            row.append(f" {reasoning(env, state, names, name_holes)} </think> <answer> {' || '.join(names)} </answer>")
+            thought = env.demo_reasoning(state, env_params, names, name_holes)
+            row.append(f" {thought} </think> <answer> {' || '.join(names)} </answer>")
             for a in actions:
                 state, _, _, _ = step(jax.random.key(0), state, a, env_params)
             budget -= len(actions)
@@ -140,9 +114,7 @@ _DEMO_ROLLOUTS: dict = {}
 
 def deterministic(env, env_params):
     """The env's parameters without randomness in the dynamics (FrozenLake: no slip)."""
-    if hasattr(env_params, "success_rate"):
-        return env_params.replace(success_rate=1.0)
-    return env_params
+    return env.deterministic_params(env_params)
 
 
 # ----------------------------------------------------------------------------- training
@@ -209,8 +181,18 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print):
     return losses
 
 
+def check_env(env, config: SFTConfig) -> None:
+    """One clear line when `env` cannot give these demonstrations: it has no solver, or
+    `name_holes` is asked of an env whose reasoning has no holes to name."""
+    if config.name_holes and not env.can_name_holes:
+        holey = [name for name, found in registry.ENVS.items() if found.env is not None and found.env.can_name_holes]
+        raise ValueError(f"--name-holes: {', '.join(holey)} only, not env {env.name}")
+    require_solver(env, "the supervised warm start")
+
+
 def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
     """Generate `config.episodes` demonstrations for the experiment's env and fit its model."""
+    check_env(exp.env, config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=min(256, config.episodes), group_size=1)
     params = deterministic(exp.env, exp.env_params)
     key = jax.random.key(config.seed)

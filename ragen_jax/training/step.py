@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from ragen_jax.envs.base import Environment
-from ragen_jax.models.decoder import Decoder, for_inference
+from ragen_jax.models.decoder import Decoder
+from ragen_jax.models.stacking import for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, reward_noise, update
@@ -54,8 +55,7 @@ class StepConfig:
     diagnostics: Any = None  # a diagnostics.diagnose.DiagnosticsConfig, or None for no MI metrics
     # Gradient analysis (docs/method.md#the-gradient-analysis, off by default): task vs
     # regularisation gradient norms in this many reward-std quantile buckets (the paper uses 6),
-    # on the diagnostics' schedule (step 1 and every compute_freq steps; every 5 steps without a
-    # diagnostics config).
+    # on the diagnostics' schedule (step 1 and every `compute_freq` steps).
     grad_buckets: int = 0
     # The run's length in train steps (`train.steps`): where `algo.lr_decay_fraction`'s decay ends.
     total_steps: int = 0
@@ -77,7 +77,11 @@ class StepConfig:
 
     @property
     def compute_freq(self) -> int:
-        return self.diagnostics.compute_freq if self.diagnostics is not None else 5
+        """Steps between diagnostics (and gradient analyses): the diagnostics config's
+        `compute_freq`, or `DiagnosticsConfig`'s default without one."""
+        from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
+
+        return (self.diagnostics or DiagnosticsConfig()).compute_freq
 
 
 @struct.dataclass
@@ -207,7 +211,7 @@ def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):
     (before filtering), with this algorithm's advantages and loss settings."""
     from ragen_jax.diagnostics import grad_analysis
 
-    cfg, algo, rcfg = setup.config, setup.config.algo, setup.config.rollout
+    cfg, rcfg = setup.config, setup.config.rollout
     batch = batch_from_trajectories(traj)
     batch = update.advantages(setup.learner, state.critic, batch, traj.episode_reward, jnp.int32(rcfg.batch),
                               rcfg.group_size)
@@ -215,10 +219,7 @@ def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):
     buckets = grad_analysis.reward_std_buckets(rewards, cfg.grad_buckets)
     return grad_analysis.gradient_norms(
         setup.learner.policy_graph, state.policy, batch, jnp.arange(rcfg.batch) // rcfg.group_size, buckets,
-        cfg.grad_buckets, entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator, reference_params=state.reference,
-        temperature=setup.learner.temperature, clip_low=algo.clip_low, clip_high=algo.clip_high,
-        dual_clip=algo.dual_clip, aggregation=algo.aggregation,
+        cfg.grad_buckets, cfg.algo, temperature=setup.learner.temperature, reference_params=state.reference,
         rows_per_bucket=grad_analysis.bucket_capacity(rcfg.num_groups, rcfg.group_size, cfg.grad_buckets))
 
 

@@ -32,7 +32,7 @@ from flax import nnx
 
 from ragen_jax.envs.base import Environment
 from ragen_jax.models import sampling
-from ragen_jax.models.decoder import for_inference
+from ragen_jax.models.stacking import for_inference
 from ragen_jax.rollout.play import RolloutConfig, RowPart, Trajectories, initial_states, rollout, rollout_on_mesh
 from ragen_jax.rollout.policies import Policy, model_policy
 from ragen_jax.core import sharding

@@ -12,7 +12,7 @@ import pytest
 
 from ragen_jax.analysis import planner
 from ragen_jax.cli import plan
-from ragen_jax.models.decoder import DecoderConfig
+from ragen_jax.models.config import DecoderConfig
 from ragen_jax.run import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -60,7 +60,8 @@ def records(workdir):
 def policy(workdir):
     from flax import nnx
 
-    from ragen_jax.models.decoder import Decoder, DecoderConfig
+    from ragen_jax.models.config import DecoderConfig
+    from ragen_jax.models.decoder import Decoder
     from ragen_jax.run.checkpoint import Checkpoints
 
     like = nnx.state(nnx.eval_shape(lambda: Decoder(DecoderConfig.preset("tiny"), rngs=nnx.Rngs(0))))

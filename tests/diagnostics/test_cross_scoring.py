@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from ragen_jax.diagnostics.cross_scoring import cross_score, reasoning_mi
-from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.head import token_logprobs
 
 N, P, M, Z = 3, 7, 5, 6
 

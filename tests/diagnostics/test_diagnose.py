@@ -16,7 +16,10 @@ from ragen_jax.diagnostics.buffer_scoring import mean_and_sum
 from ragen_jax.diagnostics.cross_scoring import cross_score
 from ragen_jax.diagnostics.diagnose import (DiagnosticsConfig, DiagnosticsState, _score, action_reasoning_scores,
                                             buffer_cache, diagnose)
-from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask, token_logprobs
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.head import token_logprobs
 
 from diag_synthetic import build, random_rows
 

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from ragen_jax.diagnostics.grad_analysis import bucket_capacity, gradient_norms, reward_std_buckets
 from ragen_jax.envs import registry
 from ragen_jax.models import hf
-from ragen_jax.models.decoder import DecoderConfig, init_model
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import losses
+from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs
 from ragen_jax.rollout.play import RolloutConfig, rollout
 from ragen_jax.rollout.policies import model_policy
@@ -34,7 +36,8 @@ ROLLOUT = RolloutConfig(num_groups=GROUPS, group_size=MEMBERS, max_turns=1, max_
 # masked-out row of another group.
 NUM_BUCKETS = GROUPS
 CAPACITY = bucket_capacity(GROUPS, MEMBERS, NUM_BUCKETS) + 1
-LOSS = dict(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", temperature=1.0, clip_low=0.2, clip_high=0.28)
+LOSS = dict(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", clip_low=0.2, clip_high=0.28)  # AlgoConfig fields
+TEMPERATURE = 1.0
 
 
 def rewarded(traj, rewards):
@@ -148,9 +151,10 @@ def norms_fn(setup):
 
     @functools.cache
     def compiled(aggregation, num_buckets, rows_per_bucket):
+        algo = AlgoConfig.preset("grpo", aggregation=aggregation, **LOSS)
         return jax.jit(lambda params, ref, batch, buckets: gradient_norms(
-            graph, params, batch, GROUP_OF_ROW, buckets, num_buckets, reference_params=ref,
-            aggregation=aggregation, rows_per_bucket=rows_per_bucket, **LOSS))
+            graph, params, batch, GROUP_OF_ROW, buckets, num_buckets, algo, temperature=TEMPERATURE,
+            reference_params=ref, rows_per_bucket=rows_per_bucket))
 
     def run(batch, buckets, aggregation="token-mean", num_buckets=NUM_BUCKETS, rows_per_bucket=CAPACITY):
         out = compiled(aggregation, num_buckets, rows_per_bucket)(nnx.state(model), nnx.state(reference), batch,
@@ -187,12 +191,12 @@ def test_norms_equal_grad_of_the_loss_on_the_bucket_rows_alone(setup, trajectori
     params, ref_params = nnx.state(model), nnx.state(reference)
 
     def task(p, b):
-        logp, _ = policy_logprobs(nnx.merge(graph, p), b, LOSS["temperature"])
+        logp, _ = policy_logprobs(nnx.merge(graph, p), b, TEMPERATURE)
         return losses.policy_loss(logp, b.old_logprobs, b.advantages, b.loss_mask, clip_low=LOSS["clip_low"],
                                   clip_high=LOSS["clip_high"], aggregation=aggregation)[0]
 
     def reg(p, b):
-        logp, entropy = policy_logprobs(nnx.merge(graph, p), b, LOSS["temperature"])
+        logp, entropy = policy_logprobs(nnx.merge(graph, p), b, TEMPERATURE)
         ref_logp = jax.lax.stop_gradient(policy_logprobs(nnx.merge(graph, ref_params), b, 1.0)[0])
         kl = losses.kl_penalty(logp, ref_logp, LOSS["kl_estimator"])
         return (-LOSS["entropy_coef"] * losses.aggregate(entropy, b.loss_mask, aggregation)

@@ -26,11 +26,11 @@ BOARD_GAMES = {
     "sokoban": (SOKOBAN, SokobanGame, SokobanText, SIMPLE_SOKOBAN),
     "frozenlake": (FROZENLAKE, FrozenLakeGame, FrozenLakeText, FrozenLakeParams(size=4, max_steps=6)),
 }
-TEXT_MEMBERS = ("symbols", "render_formats", "answer_kind", "max_answer_bytes", "step_text", "read_answer",
-                "play_answers", "text_tables", "state_tokens", "boundary_samples", "instructions", "render_grid",
-                "render_text", "coordinate_lines")
+TEXT_MEMBERS = ("symbols", "render_formats", "answer_kind", "max_answer_bytes", "can_name_holes", "step_text",
+                "read_answer", "play_answers", "text_tables", "state_tokens", "boundary_samples", "instructions",
+                "render_grid", "render_text", "coordinate_lines", "demo_reasoning")
 GAME_MEMBERS = ("name", "action_names", "num_actions", "default_params", "reset", "reset_batch", "step",
-                "symbol_grid")
+                "symbol_grid", "solve", "has_solver", "deterministic_params")
 
 
 def public_members(cls) -> set[str]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ragen_jax.models import cpu_tuning, hf, sampling
-from ragen_jax.models.decoder import DecodeContext, init_cache, positions_from_mask
+from ragen_jax.models.cache import DecodeContext, init_cache, positions_from_mask
 
 from hf_reference import VOCAB, hf_logits
 
@@ -109,7 +109,7 @@ def test_fused_qkv_matches_transformers_and_the_separate_projections(hf_models, 
 def test_per_layer_cache_round_trips_through_the_stacked_one():
     """`from_stacked` then `merge_into` writes the same keys, values and mask back, and the
     per-layer keys are the stacked ones transposed with batch and kv heads merged."""
-    from ragen_jax.models.decoder import DecoderConfig
+    from ragen_jax.models.config import DecoderConfig
 
     cfg = DecoderConfig.preset("tiny")
     stacked = init_cache(cfg, 2, 8)

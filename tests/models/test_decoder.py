@@ -7,8 +7,11 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import hf
-from ragen_jax.models.decoder import (PRESETS, DecodeContext, DecoderConfig, init_model, logprobs_at, positions_from_mask,
-                                    rope_frequencies)
+from ragen_jax.models.cache import DecodeContext, positions_from_mask
+from ragen_jax.models.config import PRESETS, DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.head import logprobs_at
+from ragen_jax.models.rope import rope_frequencies
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
 
@@ -40,7 +43,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, quer
     """Past `query_block` slots (ATTENTION_BLOCK by default, PREFILL_BLOCK in `generate`), each
     block of queries reads only the keys up to its own last slot; the logits must still be
     transformers' (padding at both ends and a hole inside)."""
-    from ragen_jax.models.decoder import ATTENTION_BLOCK, PREFILL_BLOCK
+    from ragen_jax.models.config import ATTENTION_BLOCK, PREFILL_BLOCK
 
     assert (ATTENTION_BLOCK, PREFILL_BLOCK) == (128, 32)  # the parametrisation covers both
 
@@ -153,7 +156,7 @@ def test_the_inference_copy_gives_the_same_numbers(hf_models, batch):
     bfloat16 once instead of cast at every use — bitwise the same logits; float32 compute keeps
     the weights as they are; under a mesh that splits the model the embedding/head is whole on
     every device and the rest stays split."""
-    from ragen_jax.models.decoder import for_inference
+    from ragen_jax.models.stacking import for_inference
     from ragen_jax.core import sharding
 
     model = hf.load_pretrained(hf_models["tied"][1], dtype="bfloat16")

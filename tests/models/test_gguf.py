@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from ragen_jax.models import hf, packaged, sampling
-from ragen_jax.models.decoder import positions_from_mask
+from ragen_jax.models.cache import positions_from_mask
 from ragen_jax.models.gguf import SUPPORTED_TYPES, GGUFCheckpoint, dequantize
 
 QUANTIZABLE = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]  # gguf-py quantizes these

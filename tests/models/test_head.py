@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.models.head import chunked_logprobs
-from ragen_jax.models.decoder import DecoderConfig, init_model, token_logprobs
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.head import token_logprobs
 
 
 def numpy_reference(hidden, weight, targets):

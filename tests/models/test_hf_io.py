@@ -15,7 +15,9 @@ from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from ragen_jax.models import hf
-from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 
 from hf_reference import VOCAB, hf_logits, make_hf_model
 

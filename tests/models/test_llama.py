@@ -15,7 +15,9 @@ from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.decoder import DecoderConfig, positions_from_mask, rope_frequencies
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.rope import rope_frequencies
 
 from hf_reference import VOCAB, hf_logits, make_hf_llama
 

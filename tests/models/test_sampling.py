@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.decoder import init_cache, logprobs_at, positions_from_mask
+from ragen_jax.models.cache import init_cache, positions_from_mask
+from ragen_jax.models.head import logprobs_at
 
 from hf_reference import VOCAB
 
@@ -58,7 +59,7 @@ def test_greedy_matches_transformers_generate(untied, prompts, greedy_ours):
 def test_greedy_with_a_prompt_longer_than_the_prefill_block_matches_transformers(untied):
     """`generate` prefills its prompt in query blocks of PREFILL_BLOCK slots, each reading only
     the keys before its end; with left padding and 45-token prompts the tokens stay transformers'."""
-    from ragen_jax.models.decoder import PREFILL_BLOCK
+    from ragen_jax.models.config import PREFILL_BLOCK
 
     rng = np.random.default_rng(5)
     length = PREFILL_BLOCK + 13

@@ -13,8 +13,10 @@ from flax import nnx
 from transformers import Qwen2ForCausalLM
 
 from ragen_jax.models import hf, sampling
-from ragen_jax.models.decoder import (REMAT_POLICIES, DecoderConfig, init_model, positions_from_mask, stack_layers,
-                                    stacked_layout, unstack_layers)
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import REMAT_POLICIES, DecoderConfig
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.stacking import stack_layers, stacked_layout, unstack_layers
 
 from hf_reference import VOCAB, hf_logits
 
@@ -99,7 +101,7 @@ def test_scanned_decode_into_a_buffer_matches_a_full_forward(models):
     rng = np.random.default_rng(8)
     b, p, gap, new = 2, 12, 6, 10
     prompt = jnp.asarray(rng.integers(3, VOCAB, size=(b, p)), jnp.int32)
-    from ragen_jax.models.decoder import init_cache
+    from ragen_jax.models.cache import init_cache
 
     cache = init_cache(model.cfg, b, p + gap + new + 5)
     cache, first = sampling.prefill(model, cache, prompt, jnp.ones((b, p), bool), 0)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from ragen_jax.models.hf import BUILTIN_TOKENIZER, load_tokenizer
-from ragen_jax.models.decoder import PRESETS
+from ragen_jax.models.config import PRESETS
 from ragen_jax.text import build_tokenizer
 
 

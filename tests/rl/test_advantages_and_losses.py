@@ -107,6 +107,34 @@ def test_policy_gradient_at_ratio_one_is_minus_advantage():
     np.testing.assert_allclose(grad, [[-0.5, 1.0]])  # token-mean over 2 tokens
 
 
+def test_actor_loss_is_scaled_surrogate_minus_entropy_plus_kl():
+    """The update's (and the gradient analysis's) actor loss from its parts; without a
+    reference no KL term, and with task_scale 0 only the regularisation is left."""
+    from types import SimpleNamespace
+
+    from ragen_jax.rl.algorithms import AlgoConfig
+
+    rng = np.random.default_rng(2)
+    logp, old, ref, entropy = (jnp.asarray(rng.normal(-1, 0.3, (3, 5)), jnp.float32) for _ in range(4))
+    rows = SimpleNamespace(old_logprobs=old, advantages=jnp.asarray(rng.normal(size=(3, 5)), jnp.float32),
+                           loss_mask=jnp.asarray(rng.random((3, 5)) < 0.7))
+    algo = AlgoConfig.preset("grpo", entropy_coef=0.01, kl_coef=0.1, kl_estimator="k1")
+    norm = losses.aggregation_normaliser(rows.loss_mask, algo.aggregation)
+    pg, clip_fraction = losses.policy_loss(logp, old, rows.advantages, rows.loss_mask, aggregation=algo.aggregation)
+    ent = losses.aggregate(entropy, rows.loss_mask, algo.aggregation)
+    kl = losses.aggregate(logp - ref, rows.loss_mask, algo.aggregation)
+    loss, terms = losses.actor_loss(algo, logp, entropy, ref, rows, norm, task_scale=0.5)
+    np.testing.assert_allclose(float(loss), 0.5 * pg - 0.01 * ent + 0.1 * kl, rtol=1e-6)
+    assert (terms["actor/pg_loss"], terms["actor/entropy"], terms["actor/kl"], terms["actor/clip_frac"]) == (
+        pg, ent, kl, clip_fraction)
+    no_kl, terms = losses.actor_loss(algo, logp, entropy, None, rows, norm)
+    np.testing.assert_allclose(float(no_kl), pg - 0.01 * ent, rtol=1e-6)
+    assert float(terms["actor/kl"]) == 0.0
+    reg_grad = jax.grad(lambda lp: losses.actor_loss(algo, lp, entropy, ref, rows, norm, task_scale=0.0)[0])(logp)
+    np.testing.assert_allclose(reg_grad, jax.grad(lambda lp: 0.1 * losses.aggregate(lp - ref, rows.loss_mask,
+                                                                                    algo.aggregation))(logp))
+
+
 def test_kl_estimators_and_value_loss():
     logp = np.array([[-1.0, -0.5, -3.0]])
     ref = np.array([[-1.2, -0.5, -1.0]])

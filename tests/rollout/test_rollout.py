@@ -11,7 +11,9 @@ import pytest
 
 from ragen_jax.envs import registry
 from ragen_jax.envs.solver import solve_sokoban
-from ragen_jax.models.decoder import DecoderConfig, init_model, positions_from_mask
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rollout.play import RolloutConfig, initial_states, rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.answer_re import parse_answer_text

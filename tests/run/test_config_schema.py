@@ -47,11 +47,21 @@ def test_an_unset_algorithm_choice_is_the_algorithms():
     ({"early_stop.val_patience": "-1"}, "early_stop.empty_batches=5, reward_std_collapse=5 and val_patience=-1"),
     ({"eval.num_envs": "0"}, "eval.num_envs=0 must be an integer >= 1"),
     ({"model.preset": "None"}, "model.path is required"),
+    ({"model.dtype": "float16"}, "model.dtype='float16' is not supported; allowed: float32, bfloat16"),
+    ({"model.vocab_chunk": "-1"}, "model.vocab_chunk=-1 must be >= 0"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key(overrides, line):
     with pytest.raises(ConfigError) as err:
         build(overrides)
     assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)
+
+
+def test_the_model_numerics_are_the_decoders():
+    """The `model` keys that set `DecoderConfig` fields default to the decoder's values."""
+    from ragen_jax.models.config import DecoderConfig
+
+    assert Settings().model.options() == DecoderConfig.numeric_defaults()
+    assert config_lib.model_options(config_lib.default_config()) == DecoderConfig.numeric_defaults()
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.py")), ids=lambda p: p.name)

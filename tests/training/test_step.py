@@ -9,7 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from ragen_jax.models.decoder import init_model, stack_layers
+from ragen_jax.models.decoder import init_model
+from ragen_jax.models.stacking import stack_layers
 from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs, previous_valid_slot
 from ragen_jax.rl.filtering import FilterConfig

@@ -9,7 +9,8 @@ from flax import nnx
 
 from ragen_jax.envs.solver import solve_sokoban
 from ragen_jax.models import sampling
-from ragen_jax.models.decoder import DecoderConfig, init_model
+from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import init_model
 from ragen_jax.rollout.layout import BufferLayout
 from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.rollout.render import render_trajectories

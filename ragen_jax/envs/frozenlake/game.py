@@ -19,7 +19,8 @@ from ragen_jax.envs.frozenlake.maps import (
     FrozenLakeState,
     generate_map,
 )
-from ragen_jax.envs.game import Game, Info, is_valid_action
+from ragen_jax.envs.game import SOLVER_STATES, Game, Info, is_valid_action
+from ragen_jax.envs.solver import solve_frozenlake
 
 # Action k (1-based) moves by MOVES[k - 1]: Left, Down, Right, Up (gymnasium's 0..3 plus one).
 MOVES = np.array([(0, -1), (1, 0), (0, 1), (-1, 0)], dtype=np.int32)
@@ -100,6 +101,16 @@ class FrozenLakeGame(Game):
         board = jnp.where(state.holes, HOLE, jnp.where(is_goal, GOAL, FROZEN))
         player = jnp.where(state.holes, PLAYER_IN_HOLE, jnp.where(is_goal, PLAYER_ON_GOAL, PLAYER))
         return jnp.where(is_player, player, board).astype(jnp.int32)
+
+    def solve(self, state: FrozenLakeState, params: FrozenLakeParams,
+              max_states: int = SOLVER_STATES) -> list[int] | None:
+        """The shortest path to the goal around the holes, as if the lake were not slippery
+        (`solver.solve_frozenlake`; a lake is small, so `max_states` never binds)."""
+        return solve_frozenlake(np.asarray(state.holes), np.asarray(state.player), np.asarray(state.goal))
+
+    def deterministic_params(self, params: FrozenLakeParams) -> FrozenLakeParams:
+        """No slip: every move goes where it was meant to."""
+        return params.replace(success_rate=1.0)
 
 
 def moves_into_holes(holes, cell) -> list[str]:

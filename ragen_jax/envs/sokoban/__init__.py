@@ -9,7 +9,7 @@ from ragen_jax.envs.sokoban.board import (
     SokobanParams,
     SokobanState,
 )
-from ragen_jax.envs.sokoban.game import SokobanGame
+from ragen_jax.envs.sokoban.game import SokobanGame, solve_level
 from ragen_jax.envs.sokoban.generator import generate_level, generate_levels
 from ragen_jax.envs.sokoban.text import SokobanText
 
@@ -21,4 +21,4 @@ class Sokoban(SokobanText, SokobanGame, Environment):
 SOKOBAN = Sokoban()
 
 __all__ = ["LARGER_SOKOBAN", "SIMPLE_SOKOBAN", "SOKOBAN", "Sokoban", "SokobanGame", "SokobanParams", "SokobanState",
-           "SokobanText", "generate_level", "generate_levels"]
+           "SokobanText", "generate_level", "generate_levels", "solve_level"]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ragen_jax.envs.game import Game, Info, is_valid_action
+from ragen_jax.envs.game import SOLVER_STATES, Game, Info, is_valid_action
 from ragen_jax.envs.sokoban.board import (BOX, BOX_ON_TARGET, FLOOR, MOVES, PLAYER, PLAYER_ON_TARGET, SIMPLE_SOKOBAN,
-                                          TARGET, SokobanParams, SokobanState)
+                                          TARGET, WALL, SokobanParams, SokobanState)
 from ragen_jax.envs.sokoban.generator import generate_level, generate_levels
+from ragen_jax.envs.solver import solve_sokoban
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
@@ -126,3 +128,14 @@ class SokobanGame(Game):
     def symbol_grid(self, state: SokobanState, params: SokobanParams) -> jax.Array:
         on_target = (state.room_state == PLAYER) & (state.room_fixed == TARGET)
         return jnp.where(on_target, PLAYER_ON_TARGET, state.room_state)
+
+    def solve(self, state: SokobanState, params: SokobanParams, max_states: int = SOLVER_STATES) -> list[int] | None:
+        """The BFS solver's optimal plan from this episode's board (`solve_level`)."""
+        return solve_level(state.room_fixed, state.room_state, state.player, max_states)
+
+
+def solve_level(room_fixed, room_state, player, max_states: int = SOLVER_STATES) -> list[int] | None:
+    """Host-side: `solver.solve_sokoban` on a level given as gym-sokoban room arrays."""
+    fixed, room = np.asarray(room_fixed), np.asarray(room_state)
+    return solve_sokoban(fixed == WALL, fixed == TARGET, (room == BOX) | (room == BOX_ON_TARGET), np.asarray(player),
+                         max_states=max_states)

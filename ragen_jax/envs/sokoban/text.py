@@ -32,6 +32,14 @@ class SokobanText(TextView):
             f"Player: {format_cells(room == PLAYER)}",
         ]
 
+    def demo_reasoning(self, state: SokobanState, params: SokobanParams, moves: list[str],
+                       name_holes: bool = False) -> str:
+        """Where the player, the boxes and the targets are, and the moves."""
+        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
+        player = tuple(int(x) for x in np.asarray(state.player))
+        boxes = format_cells((room == BOX) | (room == BOX_ON_TARGET))
+        return f"Player {player}, box {boxes}, target {format_cells(fixed == TARGET)}. I move {' then '.join(moves)}."
+
     def instructions(self) -> str:
         return (
             "You are solving the Sokoban puzzle. You are the player and you need to push all "

@@ -3,6 +3,7 @@
     python benchmarks/accelerator_check.py                 # Qwen2.5-0.5B shapes, random weights
     python benchmarks/accelerator_check.py --tiny          # the built-in tiny model, in seconds
     python benchmarks/accelerator_check.py --model qwen2.5-1.5b --peak-tflops 989 --json out.json
+    python benchmarks/accelerator_check.py --set model.attention=cudnn   # any config key, to A/B it
 
 The paper's setting (`configs/sokoban_qwen2p5_0p5b.py`: 8 groups × 16, 5 turns of up to 120
 tokens, bfloat16 compute, layers scanned) on one device, with random weights from the preset
@@ -36,10 +37,10 @@ def peak_tflops(device_kind: str) -> float | None:
     return PEAK_TFLOPS[max(names, key=len)] if names else None
 
 
-def build_config(tiny: bool, model: str):
+def build_config(tiny: bool, model: str, overrides: dict[str, str] | None = None):
     """The paper's setting with a preset's random weights; `tiny`: the built-in tiny model on
-    a short rollout (the same programs, sized for a CPU)."""
-    from ragen_jax.run.config import paper_config
+    a short rollout (the same programs, sized for a CPU); then `overrides` (`--set KEY=VALUE`)."""
+    from ragen_jax.run.config import apply_overrides, paper_config
 
     config = paper_config("SimpleSokoban", fsdp=False)
     config.model.preset = "tiny" if tiny else model
@@ -50,7 +51,7 @@ def build_config(tiny: bool, model: str):
         config.rollout.update(num_groups=2, group_size=4, max_turns=2, max_new_tokens=16)
         config.algo.update(mini_batch_size=8, micro_batch_size=4)
         config.diagnostics.update(num_samples=4, per_turn_samples=2, answer_tokens=8, score_rows=2)
-    return config
+    return apply_overrides(config, overrides or {})
 
 
 def logits_difference(model, tokens) -> float:
@@ -92,7 +93,12 @@ def main(argv=None) -> int:
                         help="the device's dense bfloat16 peak, when the table does not know it")
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the first (default 2)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON to this file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, e.g. model.attention=cudnn (repeatable)")
     args = parser.parse_args(argv)
+    for item in args.set:
+        if "=" not in item:
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
     if args.steps < 1:
         parser.error(f"--steps={args.steps} must be >= 1")
 
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
     from ragen_jax.run.experiment import make_experiment
 
     try:
-        config = build_config(args.tiny, args.model)
+        config = build_config(args.tiny, args.model, dict(item.split("=", 1) for item in args.set))
         exp = make_experiment(config, jax.devices()[:1])
     except (config_lib.ConfigError, ValueError) as err:
         parser.error(str(err).splitlines()[0])
@@ -115,7 +121,8 @@ def main(argv=None) -> int:
     layout = buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
     flops = planner.analytic_flops(exp.model.cfg, exp.run.step, layout)
     diagnostics_flops = planner.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)
-    row = {"backend": jax.default_backend(), "device": device.device_kind, "model": exp.model.cfg.num_params()}
+    row = {"backend": jax.default_backend(), "device": device.device_kind, "model": exp.model.cfg.num_params(),
+           "overrides": " ".join(args.set) or "none"}
 
     state = trainer.init_state(jax.random.key(0), exp.model)
     started = time.perf_counter()
@@ -172,6 +179,7 @@ def table(row: dict) -> str:
         "| quantity | value |", "| --- | --- |",
         f"| backend / device | {row['backend']} / {row['device']} |",
         f"| model | {row['model'] / 1e9:.3f}B parameters, random weights |",
+        f"| config overrides | {row['overrides']} |",
         f"| whole step compile | {row['compile_s']:.1f} s |",
         f"| rollout alone | {row['rollout_s']:.2f} s, {row['rollout_tokens_per_s']:,.0f} generated tokens/s |",
         f"| train step (with diagnostics, step 1) | {row['step1_s']:.2f} s, MFU {mfu(row['mfu_step1'])} |",

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one go, on one CUDA card (about 8 minutes on an H100):
+# The GPU figures of docs/benchmarks.md in one go, on one CUDA card, A/B of the efficiency keys:
 #   bash benchmarks/gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]
-# 1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py);
-# 2. the sampler against transformers `generate` on the same card, same weights, bfloat16,
-#    batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound;
-# 3. the train step at Qwen2.5-1.5B's shapes, if the time left allows (SECONDS in all, default 540).
+# In order, each only if the time left (SECONDS in all, default 540) allows it:
+# 1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py), today's defaults;
+# 2. the same with cuDNN's fused attention (model.attention=cudnn);
+# 3. the sampler against transformers `generate` on the same card, same weights, bfloat16,
+#    batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound
+#    (our prefill with cuDNN attention when step 2 ran);
+# 4. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
+# then one table of the steps' compile time, step time and MFU side by side.
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]}
 bandwidth=${2:-3.0}
@@ -14,13 +18,33 @@ export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")" && pwd)
 left() { echo $((budget - SECONDS)); }
 
+# check NAME MIN_SECONDS MAX_SECONDS [accelerator_check flags]: one step check, if MIN_SECONDS are left
+check() {
+  local name=$1 need=$2 most=$3
+  shift 3
+  if [ "$(left)" -lt "$need" ]; then echo "gpu_check: skipped $name ($(left)s left)"; return 1; fi
+  local limit=$(( $(left) - 10 < most ? $(left) - 10 : most ))
+  timeout "$limit" python3 "$here/accelerator_check.py" --json "$out/check_$name.json" "$@" 2>&1 \
+    | tee "$out/check_$name.log"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/card.txt"
-timeout 330 python3 "$here/accelerator_check.py" --json "$out/check_0p5b.json" 2>&1 | tee "$out/check_0p5b.log"
-timeout 150 python3 "$here/sampling_throughput.py" --models qwen2.5-0.5b --batch 128 --prompt 600 --new 120 \
-  --repeats 3 --cpu-devices 1 --dtype bfloat16 --torch-device cuda --bandwidth-tbps "$bandwidth" 2>&1 \
-  | tee "$out/sampling.log"
-if [ "$(left)" -gt 120 ]; then
-  timeout $(($(left) - 10)) python3 "$here/accelerator_check.py" --model qwen2.5-1.5b --json "$out/check_1p5b.json" \
-    2>&1 | tee "$out/check_1p5b.log"
+check 0p5b 200 330
+attention=einsum
+check 0p5b_cudnn 200 330 --set model.attention=cudnn && attention=cudnn
+if [ "$(left)" -gt 100 ]; then
+  timeout 150 python3 "$here/sampling_throughput.py" --models qwen2.5-0.5b --batch 128 --prompt 600 --new 120 \
+    --repeats 3 --cpu-devices 1 --dtype bfloat16 --torch-device cuda --bandwidth-tbps "$bandwidth" \
+    --attention "$attention" 2>&1 | tee "$out/sampling.log"
 fi
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 330
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+rows = [json.loads(p.read_text()) | {"name": p.stem[len("check_"):]} for p in sorted(pathlib.Path(sys.argv[1]).glob("check_*.json"))]
+print("| check | overrides | compile s | step s | step 1 s | MFU | peak GiB |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+for r in rows:
+    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+    print(f"| {r['name']} | {r.get('overrides', 'none')} | {r['compile_s']:.0f} | {r['step_s']:.2f} | {r['step1_s']:.2f} | "
+          f"{mfu} | {r['peak_memory_gib']:.1f} |")
+PY
 echo "gpu_check: done in ${SECONDS}s"

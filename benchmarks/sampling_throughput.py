@@ -271,6 +271,8 @@ def main(argv=None):
                         help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and compute dtype of both engines (default float32)")
+    parser.add_argument("--attention", default="einsum", choices=["einsum", "xla", "cudnn"],
+                        help="our model.attention (the prompt's prefill; decoding reads the cache) (default einsum)")
     parser.add_argument("--torch-device", default="cpu", help="transformers' device: cpu (default) or cuda")
     parser.add_argument("--bandwidth-tbps", type=float, default=None,
                         help="the device's memory bandwidth: also print the decode's bandwidth bound")
@@ -284,7 +286,8 @@ def main(argv=None):
               f"temperature 1.0, {args.dtype}; {jax.device_count()} {jax.devices()[0].platform} device(s) "
               f"({jax.devices()[0].device_kind}), jax {jax.__version__}; transformers on {args.torch_device}")
     for name in args.models:
-        model = init_model(DecoderConfig.preset(name, dtype=args.dtype, param_dtype=args.dtype), jax.random.key(0))
+        model = init_model(DecoderConfig.preset(name, dtype=args.dtype, param_dtype=args.dtype,
+                                                         attention=args.attention), jax.random.key(0))
         if args.engine != "all":
             if args.engine == "transformers-part":
                 transformers_part(model, ids, args.new, args.part, args.parts)

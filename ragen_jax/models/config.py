@@ -29,8 +29,13 @@ REMAT_POLICIES = {
     "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "dots": jax.checkpoint_policies.dots_saveable,
 }
+# How attention is computed (`DecoderConfig.attention`): "einsum", our einsums over blocks of
+# queries (tuned on CPU; the reference); "xla" and "cudnn", `jax.nn.dot_product_attention` with
+# that implementation in one call (cudnn: a fused kernel on NVIDIA GPUs only). Decoding from a
+# per-layer cache (the CPU decode path) always uses "einsum".
+ATTENTION = ("einsum", "xla", "cudnn")
 # The fields that say how a model computes rather than what it is: a run sets them on any shapes.
-NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk")
+NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk", "attention")
 
 
 def check_numerics(values: dict, prefix: str = "") -> None:
@@ -42,6 +47,8 @@ def check_numerics(values: dict, prefix: str = "") -> None:
     if values.get("vocab_chunk", 0) < 0:
         raise ValueError(f"{prefix}vocab_chunk={values['vocab_chunk']} must be >= 0 "
                          "(0: the whole vocabulary at once)")
+    if "attention" in values and values["attention"] not in ATTENTION:
+        raise ValueError(f"{prefix}attention={values['attention']!r} is not supported; allowed: {', '.join(ATTENTION)}")
     if "remat_policy" in values and values["remat_policy"] not in REMAT_POLICIES:
         raise ValueError(f"{prefix}remat_policy={values['remat_policy']!r} is not supported; allowed: "
                          f"{', '.join(REMAT_POLICIES)}")
@@ -80,6 +87,7 @@ class DecoderConfig:
     # Log-probabilities over the vocabulary this many entries at a time (0: all at once; see
     # `head.token_logprobs`): the f32 logits of a 152K vocabulary are what the loss would hold most of.
     vocab_chunk: int = 0
+    attention: str = "einsum"  # one of ATTENTION
     initializer_range: float = 0.02
     # The Hugging Face class the weights came from (one of ARCHITECTURES), written back on export.
     architecture: str = "Qwen2ForCausalLM"

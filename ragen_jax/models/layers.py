@@ -161,6 +161,9 @@ class Attention(nnx.Module):
         offset (decoding) reads them all. A prefill's [rows, heads x queries x keys] scores go
         through `CpuPath.rows` (cache-sized pieces on one CPU device)."""
         cfg, offset = self.cfg, inputs.offset
+        if cfg.attention != "einsum" and not layered:  # one fused call; the mask keeps it causal
+            return remat(cfg, functools.partial(_attend_fused, implementation=cfg.attention),
+                         prevent_cse=False)(q, k, v, attn_mask)
         t, slots = q.shape[1], attn_mask.shape[-1]
         block = inputs.query_block if isinstance(offset, int) and t > inputs.query_block else t
         # a block's scores are recomputed in its own backward pass: one block's live
@@ -200,6 +203,16 @@ def _attend(q, k, v, attn_mask, kvh, layered=False):
     out = out / norm.reshape(*out.shape[:-1], 1).astype(out.dtype)
     out = out.reshape(b, kvh, t, groups, hd)
     return out.transpose(0, 2, 1, 3, 4).reshape(b, t, heads * hd)
+
+
+def _attend_fused(q, k, v, attn_mask, implementation: str):
+    """`_attend` by `jax.nn.dot_product_attention` (keys/values [B, kv_heads, s, hd], grouped
+    query heads as transformers' repeat_kv orders them); returns [B, t, heads * hd]. A query
+    slot with no key allowed (padding) gets an output nothing reads, as in `_attend`."""
+    b, t, heads, hd = q.shape
+    k, v = (a.transpose(0, 2, 1, 3) for a in (k, v))
+    out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask[:, None], implementation=implementation)
+    return out.reshape(b, t, heads * hd)
 
 
 def _scores(q, k, layered):

@@ -48,6 +48,9 @@ def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:
     a GGUF file, or `pkg:PACKAGE/FILE` shipped in an installed package), or the built-in preset
     with the built-in tokenizer, randomly initialised from `seed`; then, if `model.init` names
     weights, loaded with them."""
+    if m.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU (this backend: {jax.default_backend()}); "
+                          "use xla or einsum")
     if m.path:
         try:
             model = hf.load_pretrained(m.path, mesh, **m.options())

@@ -90,6 +90,7 @@ class ModelSection:
     remat_policy: str = _NUMERICS["remat_policy"]  # full | minimal | dots
     scan_layers: bool = _NUMERICS["scan_layers"]  # one layer's program scanned over stacked weights
     vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
+    attention: str = _NUMERICS["attention"]  # einsum | xla | cudnn (jax.nn.dot_product_attention; cudnn: GPU only)
 
     def __post_init__(self):
         if not self.path and not self.preset:

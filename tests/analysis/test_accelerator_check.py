@@ -15,14 +15,17 @@ import accelerator_check  # noqa: E402
 
 
 def test_tiny_check_prints_every_figure(tmp_path, capsys):
+    """With an override, as benchmarks/gpu_check.sh A/Bs one: the fused attention through the
+    whole step (scanned layers, remat, diagnostics)."""
     out = tmp_path / "check.json"
-    assert accelerator_check.main(["--tiny", "--steps", "1", "--peak-tflops", "0.17", "--json", str(out)]) == 0
+    assert accelerator_check.main(["--tiny", "--steps", "1", "--peak-tflops", "0.17", "--json", str(out),
+                                   "--set", "model.attention=xla"]) == 0
     row = json.loads(out.read_text())
     printed = capsys.readouterr().out
     for label in ("backend / device", "whole step compile", "rollout alone", "train step", "peak device memory",
                   "logits vs float32 CPU forward"):
         assert label in printed
-    assert row["backend"] == "cpu" and row["compile_s"] > 0
+    assert row["backend"] == "cpu" and row["compile_s"] > 0 and row["overrides"] == "model.attention=xla"
     assert row["rollout_tokens_per_s"] > 0 and row["step_s"] > 0 and row["step1_s"] > 0
     assert row["kept_rows"] == 8  # every group updated
     assert 0 < row["mfu"] and np.isfinite(row["mfu"])
@@ -38,7 +41,10 @@ def test_known_peaks_match_device_kinds():
 
 
 @pytest.mark.parametrize("argv, message", [(["--steps", "0"], "--steps=0 must be >= 1"),
-                                           (["--model", "qwen9"], "qwen9")])
+                                           (["--model", "qwen9"], "qwen9"),
+                                           (["--set", "model.attention"], "expected KEY=VALUE"),
+                                           (["--tiny", "--set", "model.attention=flash"],
+                                            "model.attention='flash' is not supported")])
 def test_bad_arguments_end_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         accelerator_check.main(argv)

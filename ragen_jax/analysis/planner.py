@@ -390,6 +390,7 @@ def _abstract_state(trainer, cfg, mesh):
     def replicate(tree):
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=rep), tree)
 
+    learner = trainer.setup.learner  # with LoRA the optimisers hold the adapters' moments only
     policy = placed(nnx.state(_abstract(Decoder, cfg)))
     critic = placed(nnx.state(_abstract(ValueModel, cfg))) if algo.uses_critic else None
     diagnostics = None
@@ -401,9 +402,9 @@ def _abstract_state(trainer, cfg, mesh):
     return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
         key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
-        policy=policy, policy_opt=optimiser(trainer.actor_tx, policy),
-        critic=critic, critic_opt=None if critic is None else optimiser(trainer.critic_tx, critic),
-        reference=policy if algo.uses_reference else None,
+        policy=policy, policy_opt=optimiser(trainer.actor_tx, learner.opt_params(policy)),
+        critic=critic, critic_opt=None if critic is None else optimiser(trainer.critic_tx, learner.opt_params(critic)),
+        reference=policy if algo.uses_reference and not learner.lora else None,  # LoRA: the base, no copy
         empty_streak=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), diagnostics=diagnostics)
 
 
@@ -423,14 +424,19 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * compute  # bytes per cached slot and row
     param_bytes = jnp.dtype(cfg.param_dtype).itemsize
     head_params = (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * cfg.hidden_size
-    params = cfg.num_params() * param_bytes / model_shards
-    critic = (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards if algo.uses_critic else 0
+    from ragen_jax.models import lora
+
+    adapters = lora.adapter_count(cfg) * param_bytes / model_shards  # LoRA's trained weights (0 without)
+    params = cfg.num_params() * param_bytes / model_shards + adapters
+    critic = (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards + adapters if algo.uses_critic else 0
+    trained = adapters if cfg.lora.rank else params  # what the optimiser and the gradients cover
+    critic_trained = (adapters + cfg.hidden_size * param_bytes / model_shards if cfg.lora.rank else critic)
     analytic = {
         "parameters": params,
-        "optimiser": 2 * params,  # AdamW: two moments
+        "optimiser": 2 * trained,  # AdamW: two moments
         "critic": critic,
-        "critic optimiser": 2 * critic,
-        "reference": params if algo.uses_reference else 0,
+        "critic optimiser": 2 * critic_trained if algo.uses_critic else 0,
+        "reference": params if algo.uses_reference and not cfg.lora.rank else 0,
         "rollout KV cache": local_rows * layout.length * kv,
         # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)
         # (stored in the compute dtype: no copy; the embedding/head whole on every device)
@@ -440,7 +446,7 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
                                 if diagnostics is not None else 0),
         "cross-scoring working set": (cross_scoring_bytes(cfg, diagnostics, rcfg, layout)
                                       if diagnostics is not None else 0),
-        "gradients": params,
+        "gradients": trained,
     }
     micro_rows = max(1, algo.micro_batch // row_shards)
     for remat in (True, False):
@@ -481,6 +487,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     import jax.numpy as jnp
     from flax import nnx
 
+    from ragen_jax.models import lora
     from ragen_jax.models.decoder import Decoder
     from ragen_jax.rl.batch import Batch, policy_logprobs
     from ragen_jax.core import sharding
@@ -512,10 +519,15 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         graph = nnx.graphdef(_abstract(Decoder, model_cfg))
         params = params_of(model_cfg)
 
-        def loss(params, b):
-            logp, entropy = policy_logprobs(nnx.merge(graph, params), b, 1.0)
+        def loss(params, b, frozen=None):
+            whole = params if frozen is None else lora.join(params, frozen)
+            logp, entropy = policy_logprobs(nnx.merge(graph, whole), b, 1.0)
             return jnp.sum(jnp.where(b.loss_mask, b.advantages * logp + 0.001 * entropy, 0.0))
 
+        if model_cfg.lora.rank:  # LoRA: the gradients of the adapters only, the base weights an input
+            train, frozen = lora.split_trainable(params)
+            return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, train),
+                           keep_unused=True).lower(train, mb, frozen).compile()
         return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, params),
                        keep_unused=True).lower(params, mb).compile()
 

@@ -107,6 +107,7 @@ def gradient_norms(
     temperature: float,
     reference_params: nnx.State | None = None,
     rows_per_bucket: int | None = None,
+    lora: bool = False,
 ) -> dict[str, jax.Array]:
     """Per reward-std bucket, the norms of the task- and regularisation-loss gradients.
 
@@ -115,7 +116,9 @@ def gradient_norms(
     group_of_row: int[B] group index of every row; buckets: int32[G] bucket of every group
     (`reward_std_buckets`); num_buckets: static bucket count. The loss is the update's,
     `rl.losses.actor_loss` with `algo`, on log-probs at the sampling `temperature`; its KL term
-    counts when `algo.uses_reference` and `reference_params` are given.
+    counts when `algo.uses_reference` and `reference_params` are given. `lora`: the policy has
+    LoRA adapters (models/lora.py): the gradients are over the adapters (what trains), and the
+    KL reference is the policy with its adapters off (`reference_params` unused).
 
     Returns, for b in [0, num_buckets):
       grad/bucket{b}/task_norm   ‖∇θ clipped surrogate(rows of bucket b)‖₂
@@ -141,6 +144,17 @@ def gradient_norms(
         raise ValueError(f"rows_per_bucket={rows_per_bucket} must be >= 1")
     reference = reference_params if algo.uses_reference else None
     logprobs = lambda p, rows: policy_logprobs(nnx.merge(policy_graph, p), rows, temperature)
+    if lora:
+        from ragen_jax.models import lora as lora_lib
+
+        params, frozen = lora_lib.split_trainable(params)
+        whole = lambda t: lora_lib.join(t, frozen)
+        logprobs = lambda t, rows: policy_logprobs(nnx.merge(policy_graph, whole(t)), rows, temperature)
+        if algo.uses_reference:
+            base = lambda rows: policy_logprobs(
+                lora_lib.adapters_off(nnx.merge(policy_graph, jax.lax.stop_gradient(whole(params)))), rows,
+                temperature)
+            reference = _Reference(base)
     row_bucket = buckets[group_of_row]
 
     def one_bucket(b):
@@ -156,6 +170,13 @@ def gradient_norms(
     return _bucket_metrics(task_norms, reg_norms, batch, group_of_row, buckets)
 
 
+class _Reference:
+    """A KL reference given by its log-prob function (a LoRA policy's base)."""
+
+    def __init__(self, logprobs):
+        self.logprobs = logprobs
+
+
 def _task_and_reg_norms(algo: AlgoConfig, logprobs, params, reference, rows: Batch):
     """‖∇θ task‖₂ and ‖∇θ regularisation‖₂ of `rl.losses.actor_loss` on `rows`, with their own
     normaliser: the task term is its clipped surrogate, the regularisation the loss with the
@@ -163,7 +184,12 @@ def _task_and_reg_norms(algo: AlgoConfig, logprobs, params, reference, rows: Bat
     cotangent is pulled back to the parameters through the same residuals (`jax.vjp`)."""
     normaliser = losses.aggregation_normaliser(rows.loss_mask, algo.aggregation)
     (logp, entropy), pullback = jax.vjp(lambda p: logprobs(p, rows), params)
-    ref_logp = None if reference is None else logprobs(reference, rows)[0]
+    if reference is None:
+        ref_logp = None
+    elif isinstance(reference, _Reference):  # LoRA: the policy with its adapters off
+        ref_logp = reference.logprobs(rows)[0]
+    else:
+        ref_logp = logprobs(reference, rows)[0]
     loss = lambda lp, ent, task_scale: losses.actor_loss(algo, lp, ent, ref_logp, rows, normaliser, task_scale)
     d_task = jax.grad(lambda lp, ent: loss(lp, ent, 1.0)[1]["actor/pg_loss"], argnums=(0, 1))(logp, entropy)
     d_reg = jax.grad(lambda lp, ent: loss(lp, ent, 0.0)[0], argnums=(0, 1))(logp, entropy)

@@ -35,7 +35,52 @@ REMAT_POLICIES = {
 # per-layer cache (the CPU decode path) always uses "einsum".
 ATTENTION = ("einsum", "xla", "cudnn")
 # The fields that say how a model computes rather than what it is: a run sets them on any shapes.
-NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk", "attention")
+NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk", "attention", "lora")
+# The projections LoRA adapters may go on (`LoraConfig.targets`; "all-linear": every one of them).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (LoRA) on the decoder's projections (`models/lora.py`): each chosen
+    projection computes x W + b + (alpha / rank) · (x A) B with A [in, rank] drawn like peft's
+    (kaiming-uniform: U(±1/sqrt(in))) and B [rank, out] zero, so an adapted model starts as its
+    base exactly; training then updates A and B only. `rank` 0 (the default): no adapters, no
+    new variables. `targets`: comma-separated projection names (LORA_TARGETS) or "all-linear".
+    `dropout` on the adapters' input is not implemented: only 0 is accepted."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = "all-linear"
+
+    def __post_init__(self):
+        if isinstance(self.targets, (tuple, list)):  # a tuple of names is accepted too
+            object.__setattr__(self, "targets", ",".join(self.targets))
+        if not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"model.lora.rank={self.rank!r} must be an integer >= 0 (0: no adapters)")
+        if not (isinstance(self.alpha, (int, float)) and self.alpha > 0 and self.alpha < float("inf")):
+            raise ValueError(f"model.lora.alpha={self.alpha!r} must be a finite number > 0 "
+                             "(the adapters are scaled by alpha / rank)")
+        if self.dropout != 0:
+            raise ValueError(f"model.lora.dropout={self.dropout!r}: LoRA dropout is not implemented; only 0 is "
+                             "accepted")
+        self.target_names()  # checks the names
+
+    def target_names(self) -> tuple[str, ...]:
+        """The targeted projections, in LORA_TARGETS order."""
+        names = [n.strip() for n in str(self.targets).split(",") if n.strip()]
+        if names == ["all-linear"]:
+            return LORA_TARGETS
+        unknown = [n for n in names if n not in LORA_TARGETS]
+        if unknown or not names:
+            raise ValueError(f"model.lora.targets={self.targets!r}: unknown target {unknown[0] if unknown else ''!r}; "
+                             f"allowed: all-linear, or a comma-separated list of {', '.join(LORA_TARGETS)}")
+        return tuple(n for n in LORA_TARGETS if n in names)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank if self.rank else 0.0
 
 
 def check_numerics(values: dict, prefix: str = "") -> None:
@@ -44,6 +89,8 @@ def check_numerics(values: dict, prefix: str = "") -> None:
     for key in ("dtype", "param_dtype"):
         if key in values and values[key] not in DTYPES:
             raise ValueError(f"{prefix}{key}={values[key]!r} is not supported; allowed: {', '.join(DTYPES)}")
+    if isinstance(values.get("lora"), dict):
+        LoraConfig(**values["lora"])  # its own checks
     if values.get("vocab_chunk", 0) < 0:
         raise ValueError(f"{prefix}vocab_chunk={values['vocab_chunk']} must be >= 0 "
                          "(0: the whole vocabulary at once)")
@@ -93,8 +140,12 @@ class DecoderConfig:
     architecture: str = "Qwen2ForCausalLM"
     # Biases on the q/k/v projections (Qwen2: yes; Llama: none).
     attention_bias: bool = True
+    # Low-rank adapters on the projections (rank 0: none; models/lora.py).
+    lora: LoraConfig = LoraConfig()
 
     def __post_init__(self):
+        if isinstance(self.lora, dict):  # from a config section's values
+            object.__setattr__(self, "lora", LoraConfig(**self.lora))
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
@@ -123,6 +174,10 @@ class DecoderConfig:
     def numeric_defaults(cls) -> dict:
         """The NUMERICS fields' defaults."""
         return {f.name: f.default for f in dataclasses.fields(cls) if f.name in NUMERICS}
+
+    def base(self) -> "DecoderConfig":
+        """This config without adapters (the base model's)."""
+        return dataclasses.replace(self, lora=LoraConfig()) if self.lora.rank else self
 
     def numerics(self) -> dict:
         """This config's NUMERICS fields."""

@@ -91,7 +91,7 @@ def concat_qkv(attn: Attention) -> tuple[jax.Array, jax.Array]:
     """An attention layer's q, k and v projections as one kernel [hidden, (heads + 2 kv_heads) *
     head_dim] and its bias (None without biases: the Llama family; see `fused_qkv`)."""
     parts = (attn.q_proj, attn.k_proj, attn.v_proj)
-    kernel = jnp.concatenate([p.kernel[...] for p in parts], axis=1)
+    kernel = jnp.concatenate([p.merged_kernel() for p in parts], axis=1)  # LoRA adapters folded in
     return kernel, None if parts[0].bias is None else jnp.concatenate([p.bias[...] for p in parts])
 
 

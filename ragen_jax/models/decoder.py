@@ -40,6 +40,10 @@ class Decoder(nnx.Module):
         # Stored [vocab, hidden] like the embedding, so tied and untied heads share code.
         self.lm_head = (None if cfg.tie_word_embeddings else
                         param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
+        if cfg.lora.rank:  # drawn after every base weight: the same base as without adapters
+            from ragen_jax.models.lora import add_adapters
+
+            add_adapters(self, rngs.params())
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                  context: DecodeContext = DecodeContext()):

@@ -264,6 +264,7 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
     """
     hf_config, source, where = open_checkpoint(path)
     overrides = {key: value for key, value in overrides.items() if value is not None}
+    adapters = overrides.pop("lora", None)  # LoRA adapters go on after the base weights are read
     cfg = config_from_hf(hf_config, where, **overrides)
     names = set(source.keys())
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -297,7 +298,38 @@ def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = No
     if unused:
         raise ValueError(f"{path}: a {cfg.architecture} with attention_bias={cfg.attention_bias} has no place for "
                          f"tensor {unused[0]}" + (f" (and {len(unused) - 1} more biases)" if len(unused) > 1 else ""))
-    return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    if adapters is not None and adapters.rank:
+        from ragen_jax.models.lora import add_adapters
+
+        add_adapters(model, jax.random.key(0), adapters)  # fresh adapters (B = 0): the base's outputs
+        if mesh is not None:
+            from ragen_jax.core.sharding import shard_model
+
+            model = shard_model(model, mesh)
+    return model
+
+
+def save_adapters(model: Decoder, path: str | os.PathLike, base: str | None = None) -> None:
+    """A LoRA model's adapters in peft's layout: adapter_config.json (`base`: the base model it
+    names) and adapter_model.safetensors (`lora.peft_tensors`: A [rank, in], B [out, rank]).
+    Every process must call this; only process 0 writes."""
+    from ragen_jax.core.distributed import is_lead, to_host
+    from ragen_jax.core.files import usual_mode
+    from ragen_jax.models.lora import peft_config, peft_tensors
+
+    if not model.cfg.lora.rank:
+        raise ValueError("the model has no LoRA adapters (model.lora.rank is 0): nothing to write")
+    tensors = peft_tensors(model, lambda a: np.asarray(to_host(a), np.float32))
+    if not is_lead():
+        return
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors.partial"), metadata={"format": "pt"})
+    usual_mode(path / "adapter_model.safetensors.partial")
+    (path / "adapter_config.json.partial").write_text(json.dumps(peft_config(model.cfg, base), indent=2))
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        os.replace(path / (name + ".partial"), path / name)
 
 
 def stacked_param(cfg: DecoderConfig, path: tuple) -> bool:
@@ -358,7 +390,11 @@ def save_pretrained(model: Decoder, path: str | os.PathLike, *, dtype: str | Non
     """Write config.json + safetensors (sharded with an index past max_shard_bytes) that
     `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors are gathered to the
     host one file's worth at a time. Under several processes every process must call this
-    (weights sharded across processes are gathered collectively); only process 0 writes."""
+    (weights sharded across processes are gathered collectively); only process 0 writes.
+    A model with LoRA adapters is written merged (W + alpha / rank · A B, `lora.merged`)."""
+    from ragen_jax.models.lora import merged
+
+    model = merged(model)
     from ragen_jax.core.distributed import is_lead, to_host
     from ragen_jax.core.files import usual_mode
 

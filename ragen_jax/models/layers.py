@@ -83,15 +83,56 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None) -> ja
     return y if bias is None else y + bias.astype(x.dtype)
 
 
+class LoRAParam(nnx.Param):
+    """A LoRA adapter's weight (`Linear.add_adapter`): the only parameters a LoRA run trains
+    (filters select them by this type; every `nnx.Param` filter includes them)."""
+
+
 class Linear(nnx.Module):
-    """y = x @ kernel (+ bias); kernel stored [in, out] (the transpose of Hugging Face's)."""
+    """y = x @ kernel (+ bias); kernel stored [in, out] (the transpose of Hugging Face's).
+
+    With an adapter (`add_adapter`, models/lora.py): y + (alpha / rank) · (x @ lora_a) @ lora_b,
+    lora_a [in, rank], lora_b [rank, out] (a scanned model's with a leading layer axis), unless
+    `lora_on` is switched off (`lora.adapters_off`: the base model, the same weights)."""
 
     def __init__(self, cfg, rngs, d_in, d_out, spec, bias=False):
         self.kernel = param(rngs, (d_in, d_out), cfg, spec)
         self.bias = param(rngs, (d_out,), cfg, (spec[1],), "zeros") if bias else None
 
     def __call__(self, x):
-        return affine(x, self.kernel[...], None if self.bias is None else self.bias[...])
+        y = affine(x, self.kernel[...], None if self.bias is None else self.bias[...])
+        if self.adapted:
+            delta = (x @ self.lora_a[...].astype(x.dtype)) @ self.lora_b[...].astype(x.dtype)
+            y = y + delta * jnp.asarray(self.lora_scale, x.dtype)
+        return y
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the adapter counts in this layer's outputs (it has one, switched on)."""
+        return getattr(self, "lora_on", False)
+
+    def add_adapter(self, a: jax.Array, alpha: float, dtype) -> None:
+        """An adapter for this projection: lora_a = `a` [(layers,) in, rank] (models/lora.py
+        draws it), lora_b zero, scaled by alpha / rank. Their large axis (in, out) is split over
+        `fsdp` whatever the kernel's (the rank axis is small): each device holds 1/fsdp of the
+        adapters and of their optimiser moments."""
+        spec = self.kernel.get_metadata("out_sharding")
+        lead, rank, d_out = self.kernel.shape[:-2], a.shape[-1], self.kernel.shape[-1]
+        lead_spec = tuple(spec[:-2])
+        self.lora_a = LoRAParam(a.astype(dtype), out_sharding=(*lead_spec, FSDP, None), eager_sharding=False)
+        self.lora_b = LoRAParam(jnp.zeros((*lead, rank, d_out), dtype), out_sharding=(*lead_spec, None, FSDP),
+                                eager_sharding=False)
+        self.lora_scale = float(alpha) / rank
+        self.lora_on = True
+
+    def merged_kernel(self) -> jax.Array:
+        """The kernel with the adapter folded in (kernel + alpha / rank · lora_a @ lora_b, in f32
+        then the kernel's dtype); the kernel itself without one (or switched off)."""
+        kernel = self.kernel[...]
+        if not self.adapted:
+            return kernel
+        delta = jnp.matmul(self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32))
+        return (kernel.astype(jnp.float32) + self.lora_scale * delta).astype(kernel.dtype)
 
 
 class Attention(nnx.Module):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ragen_jax.models import lora as lora_lib
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, losses
 from ragen_jax.rl.algorithms import AlgoConfig
@@ -32,7 +33,10 @@ UPDATE_STATS = ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/kl", "act
 class Learner:
     """The update's static parts: the policy's (and PPO's critic's) structure, their
     optimisers, the algorithm, the sampling temperature the log-probs are taken at, and
-    `rows`, which pins an array's rows across the mesh (identity without one)."""
+    `rows`, which pins an array's rows across the mesh (identity without one). `lora`: the
+    policy has LoRA adapters (models/lora.py): the optimisers hold and update only the adapters
+    (and the critic's value head), the base weights pass through unchanged, and the KL
+    reference is the policy with its adapters switched off (no reference state)."""
 
     policy_graph: Any
     critic_graph: Any
@@ -41,6 +45,19 @@ class Learner:
     algo: AlgoConfig
     temperature: float
     rows: Callable
+    lora: bool = False
+
+    def trained(self, params):
+        """(the part of a model's state the optimiser updates, a function from that part back
+        to the whole state): with LoRA the adapters (and a critic's head), else everything."""
+        if not self.lora:
+            return params, lambda t: t
+        train, frozen = lora_lib.split_trainable(params)
+        return train, lambda t: lora_lib.join(t, frozen)
+
+    def opt_params(self, params):
+        """What the optimiser state is shaped after (`optax` init): `trained(params)[0]`."""
+        return self.trained(params)[0]
 
 
 def token_entropy(learner: Learner, params, batch: Batch) -> jax.Array:
@@ -115,20 +132,27 @@ def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, l
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
     token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
 
-    def loss_fn(p, b: Batch):
+    train, whole = learner.trained(params)
+
+    def loss_fn(t, b: Batch):
+        p = whole(t)
         logp, entropy = policy_logprobs(nnx.merge(learner.policy_graph, p), b, temperature)
         ref_logp = None
         if algo.uses_reference:
-            ref_logp, _ = policy_logprobs(nnx.merge(learner.policy_graph, reference), b, temperature)
+            if learner.lora:  # the base model: the same weights, adapters off
+                ref_model = lora_lib.adapters_off(nnx.merge(learner.policy_graph, jax.lax.stop_gradient(p)))
+            else:
+                ref_model = nnx.merge(learner.policy_graph, reference)
+            ref_logp, _ = policy_logprobs(ref_model, b, temperature)
         total, terms = losses.actor_loss(algo, logp, entropy, ref_logp, b, normaliser, task_scale=scale)
         # token-weighted sums so the accumulated totals are minibatch means
         weight = b.loss_mask.sum() / token_count
         approx_kl = jnp.sum(jnp.where(b.loss_mask, b.old_logprobs - logp, 0.0)) / token_count
         return total, {**terms, "actor/clip_frac": terms["actor/clip_frac"] * weight, "actor/approx_kl": approx_kl}
 
-    loss, aux, grads, micro_batches = accumulate(learner, loss_fn, params, mbatch)
-    updates, opt = learner.actor_tx.update(grads, opt, params)
-    params = optax.apply_updates(params, scaled(updates, lr_factor))
+    loss, aux, grads, micro_batches = accumulate(learner, loss_fn, train, mbatch)
+    updates, opt = learner.actor_tx.update(grads, opt, train)
+    params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
     return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
                          "update/micro_batches": micro_batches.astype(jnp.float32)}
 
@@ -138,15 +162,17 @@ def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor):
     algo = learner.algo
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
 
-    def loss_fn(p, b: Batch):
-        values = critic_values(nnx.merge(learner.critic_graph, p), b)
+    train, whole = learner.trained(params)
+
+    def loss_fn(t, b: Batch):
+        values = critic_values(nnx.merge(learner.critic_graph, whole(t)), b)
         loss = losses.value_loss(values, b.old_values, b.returns, b.loss_mask, clip=algo.value_clip,
                                  normaliser=normaliser)
         return loss, {}
 
-    loss, _, grads, _ = accumulate(learner, loss_fn, params, mbatch)
-    updates, opt = learner.critic_tx.update(grads, opt, params)
-    params = optax.apply_updates(params, scaled(updates, lr_factor))
+    loss, _, grads, _ = accumulate(learner, loss_fn, train, mbatch)
+    updates, opt = learner.critic_tx.update(grads, opt, train)
+    params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
     return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
 
 

@@ -24,7 +24,7 @@ import ml_collections
 from ml_collections import config_dict as config_dict_lib
 
 from ragen_jax.envs import registry
-from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.config import DecoderConfig, LoraConfig
 from ragen_jax.rl.filtering import METRIC_ALIASES
 from ragen_jax.core.errors import ConfigError  # noqa: F401  (raised here; config_lib.ConfigError)
 from ragen_jax.run.schema import Settings
@@ -296,7 +296,11 @@ def model_options(config: ml_collections.ConfigDict) -> dict:
     """The `DecoderConfig` fields the `model` section sets (a saved config that predates a key
     gets its default)."""
     defaults = DecoderConfig.numeric_defaults()
-    return {key: config.model.get(key, default) for key, default in defaults.items()}
+    options = {key: config.model.get(key, default) for key, default in defaults.items()}
+    lora = options["lora"]
+    if not isinstance(lora, LoraConfig):  # a section's values: a ConfigDict or dict
+        options["lora"] = LoraConfig(**{**dataclasses.asdict(LoraConfig()), **dict(lora)})
+    return options
 
 
 def to_json(config: ml_collections.ConfigDict | dict) -> str:

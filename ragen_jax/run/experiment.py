@@ -93,11 +93,15 @@ def load_initial_weights(model: Decoder, init: str) -> None:
     checkpoint), a Hugging Face directory, or `builtin:<name>` (a shipped warm start)."""
     from flax import nnx
 
+    from ragen_jax.models.lora import LoRAParam
+
     path = resolve_init(init)
+    # a LoRA model's base weights come from `init`; its adapters stay fresh (B = 0)
+    base = nnx.Not(LoRAParam)
     if (path / "checkpoints").is_dir():
         if not restorable_steps(path):
             raise CheckpointError(f"model.init={init!r} has no checkpoint under {path / 'checkpoints'}")
-        nnx.update(model, restore_policy(path, None, nnx.state(model))[1])
+        nnx.update(model, restore_policy(path, None, nnx.state(model, base))[1])
         return
     if not (path / "config.json").is_file() and not hf.is_gguf(path):
         raise ConfigError(f"model.init={init!r} is neither a workdir with checkpoints, a Hugging Face "
@@ -107,13 +111,13 @@ def load_initial_weights(model: Decoder, init: str) -> None:
                                     scan_layers=model.cfg.scan_layers)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.init={init!r}: {str(err).splitlines()[0]}") from None
-    want = jax.tree.map(lambda x: x.shape, nnx.state(model))
+    want = jax.tree.map(lambda x: x.shape, nnx.state(model, base))
     got = jax.tree.map(lambda x: x.shape, nnx.state(source))
     if want != got:
         raise ConfigError(f"model.init={init!r} holds a model of another shape than model.preset="
                           f"{model.cfg!r:.60}…")
     nnx.update(model, jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
-                                   nnx.state(source), nnx.state(model)))
+                                   nnx.state(source), nnx.state(model, base)))
 
 
 def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None) -> Experiment:

@@ -16,7 +16,7 @@ import math
 from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 from ragen_jax.envs import registry
 from ragen_jax.models import sampling
-from ragen_jax.models.config import NUMERICS, PRESETS, DecoderConfig, check_numerics
+from ragen_jax.models.config import NUMERICS, PRESETS, DecoderConfig, LoraConfig, check_numerics
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig
@@ -91,6 +91,8 @@ class ModelSection:
     scan_layers: bool = _NUMERICS["scan_layers"]  # one layer's program scanned over stacked weights
     vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
     attention: str = _NUMERICS["attention"]  # einsum | xla | cudnn (jax.nn.dot_product_attention; cudnn: GPU only)
+    # low-rank adapters: model.lora.rank (0: off), alpha, dropout (0 only), targets (models/lora.py)
+    lora: LoraConfig = _NUMERICS["lora"]
 
     def __post_init__(self):
         if not self.path and not self.preset:

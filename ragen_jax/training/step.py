@@ -220,6 +220,7 @@ def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):
     return grad_analysis.gradient_norms(
         setup.learner.policy_graph, state.policy, batch, jnp.arange(rcfg.batch) // rcfg.group_size, buckets,
         cfg.grad_buckets, cfg.algo, temperature=setup.learner.temperature, reference_params=state.reference,
+        lora=setup.learner.lora,
         rows_per_bucket=grad_analysis.bucket_capacity(rcfg.num_groups, rcfg.group_size, cfg.grad_buckets))
 
 
@@ -291,7 +292,7 @@ class Trainer:
             policy_graph=nnx.graphdef(policy), critic_graph=critic_graph,
             actor_tx=optimizer(config.algo.actor_lr, config.algo),
             critic_tx=optimizer(config.algo.critic_lr, config.algo), algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
-            rows=sharding.rows_constraint(mesh))
+            rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0)
         self.setup = StepSetup(config=config, env=env, env_params=env_params, learner=learner, mesh=mesh)
         self.step_fn = functools.partial(train_step, self.setup)
         self.compiled_step = self._compile(self.step_fn)
@@ -324,7 +325,10 @@ class Trainer:
         if algo.uses_critic:
             critic_state = (nnx.state(critic_from_policy(policy)) if critic is None
                             else jax.tree.map(jnp.copy, nnx.state(critic)))
-        reference = jax.tree.map(jnp.copy, policy_state) if algo.uses_reference else None
+        # the KL reference: a copy of the initial policy; with LoRA none (the policy's own base
+        # weights with its adapters off, `update.actor_step`)
+        lora = self.setup.learner.lora
+        reference = jax.tree.map(jnp.copy, policy_state) if algo.uses_reference and not lora else None
         diagnostics = None
         if self.config.diagnostics is not None:
             from ragen_jax.diagnostics.diagnose import DiagnosticsState
@@ -333,9 +337,12 @@ class Trainer:
         if self.mesh is not None:
             place = lambda s: None if s is None else jax.device_put(s, sharding.module_shardings(s, self.mesh))
             policy_state, critic_state, reference = place(policy_state), place(critic_state), place(reference)
+        learner = self.setup.learner
+
         def init_opt(tx, params):  # on a mesh, Adam's moments are sharded like their parameters
             if params is None:
                 return None
+            params = learner.opt_params(params)  # with LoRA: the adapters (and the critic's head) only
             if self.mesh is None:
                 return jax.jit(tx.init)(params)
             return jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, self.mesh))(params)

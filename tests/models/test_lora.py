@@ -1,0 +1,155 @@
+"""LoRA adapters (models/lora.py): config checks, the step-0 model equals its base bit for bit,
+the adapters switched off give the base, scanned = unrolled, merging (and transformers loading
+the merged export), peft's adapter layout, and loading a Hugging Face base with adapters."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+from transformers import AutoModelForCausalLM
+
+from ragen_jax.models import hf, lora
+from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.config import LORA_TARGETS, DecoderConfig, LoraConfig
+from ragen_jax.models.decoder import init_model
+
+from hf_reference import hf_logits
+
+LORA = LoraConfig(rank=4, alpha=8.0)
+
+
+def logits(model, ids, mask):
+    mask = jnp.asarray(mask)
+    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask)
+    return np.asarray(model.logits(hidden))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 1024, size=(2, 9)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, 6:] = False
+    return ids, mask
+
+
+def trained(model, seed=1):
+    """`model` with its adapters moved off their start (as training would), in place."""
+    state = nnx.state(model, lora.LoRAParam)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    nnx.update(model, jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape, x.dtype)
+                                               for x, k in zip(leaves, keys)]))
+    return model
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(rank=-1), "model.lora.rank=-1 must be an integer >= 0"),
+    (dict(rank=4, targets="q_proj,qkv"), "unknown target 'qkv'"),
+    (dict(rank=4, alpha=0.0), "model.lora.alpha=0.0 must be a finite number > 0"),
+    (dict(rank=4, dropout=0.1), "LoRA dropout is not implemented"),
+])
+def test_bad_settings_are_one_line_errors(values, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LoraConfig(**values)
+
+
+def test_targets_by_name_or_all_linear():
+    assert LoraConfig(rank=2).target_names() == LORA_TARGETS
+    assert LoraConfig(rank=2, targets="v_proj, q_proj").target_names() == ("q_proj", "v_proj")
+    assert LoraConfig(rank=2, targets=("down_proj",)).targets == "down_proj"
+    model = init_model(DecoderConfig.preset("tiny", lora=LoraConfig(rank=2, targets="q_proj,down_proj")),
+                       jax.random.key(0))
+    names = {path[-2] for path, _ in nnx.to_flat_state(nnx.state(model, lora.LoRAParam))}
+    assert names == {"q_proj", "down_proj"}
+
+
+def test_rank_zero_adds_nothing():
+    plain = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
+    zero = init_model(DecoderConfig.preset("tiny", lora=LoraConfig(rank=0, alpha=3.0)), jax.random.key(0))
+    assert jax.tree.structure(nnx.state(plain)) == jax.tree.structure(nnx.state(zero))
+    assert not jax.tree.leaves(nnx.state(zero, lora.LoRAParam))
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_step_zero_model_equals_its_base_bit_for_bit(batch, scan):
+    base = init_model(DecoderConfig.preset("tiny", scan_layers=scan), jax.random.key(0))
+    adapted = init_model(DecoderConfig.preset("tiny", scan_layers=scan, lora=LORA), jax.random.key(0))
+    # the same base weights (the adapters are drawn after them), A random, B zero
+    for a, b in zip(jax.tree.leaves(nnx.state(base)), jax.tree.leaves(nnx.state(adapted, nnx.Not(lora.LoRAParam)))):
+        np.testing.assert_array_equal(a, b)
+    a_leaves = [x for p, x in nnx.to_flat_state(nnx.state(adapted, lora.LoRAParam)) if p[-1] == "lora_a"]
+    b_leaves = [x for p, x in nnx.to_flat_state(nnx.state(adapted, lora.LoRAParam)) if p[-1] == "lora_b"]
+    assert all(np.abs(x[...]).max() > 0 for x in a_leaves) and all(not np.any(x[...]) for x in b_leaves)
+    np.testing.assert_array_equal(logits(base, *batch), logits(adapted, *batch))
+
+
+def test_adapters_off_is_the_base_and_scanned_equals_unrolled(batch):
+    base = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
+    unrolled = trained(init_model(DecoderConfig.preset("tiny", lora=LORA), jax.random.key(0)))
+    moved = logits(unrolled, *batch)
+    assert np.abs(moved - logits(base, *batch)).max() > 1e-3
+    # the same weights with the adapters off: the base model exactly (no copy of the weights)
+    off = lora.adapters_off(nnx.merge(*nnx.split(unrolled)))
+    np.testing.assert_array_equal(logits(off, *batch), logits(base, *batch))
+    np.testing.assert_allclose(logits(unrolled, *batch), moved)  # the original keeps its adapters
+    # a scanned model draws layer l's adapter as the unrolled layer l's
+    scanned = init_model(DecoderConfig.preset("tiny", scan_layers=True, lora=LORA), jax.random.key(0))
+    from ragen_jax.models.stacking import stack_layers
+
+    nnx.replace_by_pure_dict(state := nnx.state(scanned), stack_layers(nnx.to_pure_dict(nnx.state(unrolled))))
+    nnx.update(scanned, state)
+    np.testing.assert_allclose(logits(scanned, *batch), moved, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_merged_export_loads_in_transformers_with_the_adapted_logits(batch, tmp_path, scan):
+    model = trained(init_model(DecoderConfig.preset("tiny", scan_layers=scan, lora=LORA), jax.random.key(0)))
+    want = logits(model, *batch)
+    merged = lora.merged(model)
+    assert not merged.cfg.lora.rank and not jax.tree.leaves(nnx.state(merged, lora.LoRAParam))
+    np.testing.assert_allclose(logits(merged, *batch), want, rtol=1e-4, atol=1e-4)
+    hf.save_pretrained(model, tmp_path)  # merges on the way out
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "lora" not in json.dumps(config)
+    torch_model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    valid = batch[1]  # padding slots' outputs are nobody's
+    np.testing.assert_allclose(hf_logits(torch_model, *batch)[valid], want[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_adapters_only_is_peft_layout_and_merges_to_the_merged_export(tmp_path):
+    model = trained(init_model(DecoderConfig.preset("tiny", scan_layers=True, lora=LORA), jax.random.key(0)))
+    hf.save_adapters(model, tmp_path / "adapters", base="some/base")
+    config = json.loads((tmp_path / "adapters" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert config["base_model_name_or_path"] == "some/base" and config["target_modules"] == list(LORA_TARGETS)
+    tensors = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
+    assert len(tensors) == 3 * 7 * 2
+    a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    b = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    assert a.shape == (4, 96) and b.shape == (96, 4)  # [r, in], [out, r]
+    # base + alpha / r · B A (torch's [out, in]) reproduces the merged export's weights
+    hf.save_pretrained(init_model(DecoderConfig.preset("tiny", scan_layers=True), jax.random.key(0)), tmp_path / "base")
+    hf.save_pretrained(model, tmp_path / "merged")
+    base, merged = load_file(tmp_path / "base" / "model.safetensors"), load_file(tmp_path / "merged" / "model.safetensors")
+    for name in merged:
+        if name.endswith("_proj.weight"):
+            prefix = "base_model.model." + name[:-len(".weight")]
+            want = base[name] + 2.0 * tensors[prefix + ".lora_B.weight"] @ tensors[prefix + ".lora_A.weight"]
+            np.testing.assert_allclose(merged[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(merged[name], base[name])
+
+
+def test_a_hugging_face_base_loads_with_fresh_adapters(batch, tmp_path):
+    base = init_model(DecoderConfig.preset("tiny"), jax.random.key(3))
+    hf.save_pretrained(base, tmp_path)
+    for scan in (False, True):
+        model = hf.load_pretrained(tmp_path, scan_layers=scan, lora=LORA)
+        assert model.cfg.lora == LORA and len(jax.tree.leaves(nnx.state(model, lora.LoRAParam))) == 2 * 7 * (
+            1 if scan else 3)
+        np.testing.assert_allclose(logits(model, *batch), logits(base, *batch), rtol=1e-5, atol=1e-5)

@@ -481,13 +481,13 @@ def test_report_fits_the_filters_difference_against_the_slip_over_the_noise_rate
 
 
 def test_reproduce_study_smoke(tmp_path):
-    """One seed, two steps, Top-p then Top-k matched to it (each arm is a fresh compile), as
-    parallel jobs (Top-k waits for Top-p): the runs land where `report` finds them, with the
-    paper's filter, and the report pairs them."""
+    """One seed, two steps, one arm as a parallel job (its log in logs/): the run lands where
+    `report` finds it, with the paper's filter, and the report and figure come from it. (Top-k's
+    matching to Top-p and the jobs' order are tested without training, above.)"""
     script = str(ROOT / "benchmarks" / "reproduce.py")
     sets = [a for kv in TINY for a in ("--set", kv)]
     run = subprocess.run([sys.executable, script, "study", "--part", "main", "--envs", "sokoban", "--algos", "grpo",
-                          "--filters", "top_p", "top_k", "--seeds", "0", "--jobs", "2", "--steps", "2",
+                          "--filters", "top_p", "--seeds", "0", "--jobs", "2", "--steps", "2",
                           "--val-every", "2",
                           "--eval-episodes", "2", "--eval-samples", "1", "--diag-samples", "4", "--out", str(tmp_path),
                           *sets], capture_output=True, text=True, cwd=ROOT, timeout=900)
@@ -498,20 +498,15 @@ def test_reproduce_study_smoke(tmp_path):
     saved = json.loads((arm / "top_p-grpo" / "seed0" / "config.json").read_text())
     assert (saved["filter"]["metric"], saved["filter"]["update"], saved["train"]["save_every"]) == (
         "reward_var", "paper", 10)
-    matched = json.loads((arm / "top_k-grpo" / "matched.json").read_text())
-    kept = np.mean([r["filter/kept_ratio"] for r in study.trained(records)])
-    assert matched["k"] == max(1, round(kept * 2))
-    top_k = json.loads((arm / "top_k-grpo" / "seed0" / "config.json").read_text())["filter"]
-    assert (top_k["strategy"], top_k["rho"]) == ("top_k_abs", float(matched["k"]))
     start = json.loads((arm / "start_validation.json").read_text())
     assert 0.0 <= start["success"] <= 1.0
-    assert "| sokoban | grpo | top_p − top_k | 1 |" in (tmp_path / "report.md").read_text()
-    assert "done sokoban/top_p-grpo/seed0" in run.stdout and "done sokoban/top_k-grpo/seed0" in run.stdout
-    assert (tmp_path / "logs" / "sokoban-top_k-grpo-seed0.log").stat().st_size > 0
+    assert "| sokoban | top_p-grpo | 1 |" in (tmp_path / "report.md").read_text()
+    assert "done sokoban/top_p-grpo/seed0" in run.stdout
+    assert (tmp_path / "logs" / "sokoban-top_p-grpo-seed0.log").stat().st_size > 0
     out = subprocess.run([sys.executable, script, "report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| sokoban | top_p-grpo | 1 |" in out.stdout and "| sokoban | top_k-grpo | 1 |" in out.stdout
+    assert "| sokoban | top_p-grpo | 1 |" in out.stdout
     assert "| sokoban (initial policy of every arm) |" in out.stdout
     assert (tmp_path / "fig" / "study_sokoban.png").stat().st_size > 0
 

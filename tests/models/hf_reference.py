@@ -50,3 +50,14 @@ def hf_logits(model, ids, mask, positions=None):
         if positions is not None:
             kwargs["position_ids"] = torch.as_tensor(np.asarray(positions), dtype=torch.long)
         return model(**kwargs).logits.float().numpy()
+
+
+def long_batch(length=301):
+    """Two rows longer than a query block, padding at both ends and a hole inside."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, VOCAB, size=(2, length)).astype(np.int32)
+    mask = np.ones_like(ids, dtype=bool)
+    mask[0, length - 30:] = False
+    mask[1, :17] = False
+    mask[1, 140:150] = False
+    return ids, mask

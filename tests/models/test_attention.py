@@ -15,18 +15,7 @@ from ragen_jax.models.config import DecoderConfig
 from ragen_jax.models.decoder import init_model
 from ragen_jax.models.head import logprobs_at
 
-from hf_reference import VOCAB, hf_logits
-
-
-def long_batch(length=301):
-    """Two rows longer than a query block, padding at both ends and a hole inside."""
-    rng = np.random.default_rng(2)
-    ids = rng.integers(1, VOCAB, size=(2, length)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[0, length - 30:] = False
-    mask[1, :17] = False
-    mask[1, 140:150] = False
-    return ids, mask
+from hf_reference import VOCAB, hf_logits, long_batch
 
 
 def test_xla_attention_matches_transformers(hf_models):

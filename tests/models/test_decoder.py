@@ -13,7 +13,7 @@ from ragen_jax.models.decoder import init_model
 from ragen_jax.models.head import logprobs_at
 from ragen_jax.models.rope import rope_frequencies
 
-from hf_reference import VOCAB, hf_logits, make_hf_model
+from hf_reference import VOCAB, hf_logits, long_batch, make_hf_model
 
 TOL = 1e-4
 
@@ -49,13 +49,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, quer
 
     torch_model, path = hf_models["untied"]
     model = hf.load_pretrained(path)
-    length = 2 * ATTENTION_BLOCK + 45
-    rng = np.random.default_rng(2)
-    ids = rng.integers(1, VOCAB, size=(2, length)).astype(np.int32)
-    mask = np.ones_like(ids, dtype=bool)
-    mask[0, length - 30:] = False
-    mask[1, :17] = False
-    mask[1, 140:150] = False
+    ids, mask = long_batch(2 * ATTENTION_BLOCK + 45)
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
     ref = hf_logits(torch_model, ids, mask, positions)
     got = ours_logits(model, ids, mask, DecodeContext(query_block=query_block))

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         parser.error(str(err).splitlines()[0])
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
 
-    rollout_only = jax.jit(trainer.play_rollout)  # as the step plays it (per device on a data-only mesh)
+    rollout_only = trainer.play_rollout  # compiled, as the step plays it (per device on a data-only mesh)
 
     jax.block_until_ready(rollout_only(state.policy, jax.random.key(1), exp.codec, exp.prompt))
     times = []

@@ -275,7 +275,7 @@ class Trainer:
     every changing value lives in `TrainState`. `step_fn(state, codec, prompt)` is the step
     before compilation (to lower it yourself); `step(state)` the compiled one with this run's
     text tables; `update(state, traj, key)` the compiled filter → advantages → update on a
-    given rollout."""
+    given rollout; `play_rollout(...)` the compiled rollout alone."""
 
     def __init__(self, config: StepConfig, policy: Decoder, env: Environment, env_params: Any, codec: TextCodec,
                  prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None):
@@ -298,6 +298,7 @@ class Trainer:
         self.compiled_step = self._compile(self.step_fn)
         self.step = lambda state: self.compiled_step(state, self.codec, self.prompt)
         self.update = self._compile(functools.partial(update_step, self.setup))
+        self._rollout = jax.jit(functools.partial(play_rollout, self.setup))
 
     @property
     def policy_graph(self):
@@ -312,8 +313,10 @@ class Trainer:
         return self.setup.learner.critic_tx
 
     def play_rollout(self, policy_state, key, codec, prompt) -> Trajectories:
-        """The step's rollout alone (benchmarks time it)."""
-        return play_rollout(self.setup, policy_state, key, codec, prompt)
+        """The step's rollout alone, compiled once per trainer (benchmarks time it, tests read
+        it): the same program the step plays."""
+        with sharding.tracing_on(self.mesh):
+            return self._rollout(policy_state, key, codec, prompt)
 
     def init_state(self, key: jax.Array, policy: Decoder, critic: ValueModel | None = None) -> TrainState:
         """A fresh state: the policy's weights, a critic copied from them (PPO), the frozen

@@ -534,6 +534,7 @@ TINY = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.max_turns=1", "
     ("step_time.py", ["--steps", "0"], "step_time.py: error: --steps=0 must be >= 1"),
     ("step_time.py", ["--set", "algo.micro_batch_size"],
      "step_time.py: error: --set 'algo.micro_batch_size': expected KEY=VALUE"),
+    ("lora_cost.py", ["--rank", "0"], "lora_cost.py: error: --rank=0 must be >= 1"),
 ])
 def test_benchmark_scripts_reject_bad_arguments_in_one_line(script, args, line):
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],

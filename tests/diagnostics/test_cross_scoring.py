@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from ragen_jax.diagnostics.cross_scoring import cross_score, reasoning_mi
 from ragen_jax.models.cache import positions_from_mask
@@ -37,9 +38,14 @@ def batch():
 def naive_sum(model, prompt, reasoning):
     """One full forward over the compacted [x | z]; log-probs of the z tokens."""
     sequence = jnp.asarray(np.concatenate([prompt, reasoning]))[None]
+    return float(_forward_sum(model, sequence, jnp.asarray(reasoning)[None]))
+
+
+@nnx.jit
+def _forward_sum(model, sequence, reasoning):
     mask = jnp.ones_like(sequence, bool)
     hidden, _ = model(sequence, positions_from_mask(mask), mask)
-    return float(token_logprobs(model, hidden[:, len(prompt) - 1 : -1], jnp.asarray(reasoning)[None]).sum())
+    return token_logprobs(model, hidden[:, sequence.shape[1] - reasoning.shape[1] - 1 : -1], reasoning).sum()
 
 
 def test_prefix_shared_equals_naive(model, batch):

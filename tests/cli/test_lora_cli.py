@@ -1,6 +1,7 @@
 """A LoRA run through the commands: train (checkpoints hold the adapters), evaluate reads them,
 export writes merged full weights that transformers loads with the adapted policy's logits, and
---adapters-only writes peft's layout whose merge is the merged export."""
+--adapters-only writes peft's layout whose merge is the merged export (a run without adapters is
+refused: tests/cli/test_train_cli.py)."""
 
 import json
 
@@ -68,12 +69,3 @@ def test_train_evaluate_export_a_lora_run(lora_run, tmp_path):
     prefix = "base_model.model.model.layers.1.mlp.down_proj"
     np.testing.assert_allclose(merged[name], base + 2.0 * tensors[prefix + ".lora_B.weight"] @ tensors[
         prefix + ".lora_A.weight"], rtol=1e-5, atol=1e-6)
-
-
-def test_adapters_only_refuses_a_run_without_adapters(tmp_path, capsys):
-    workdir = tmp_path / "plain"
-    assert train.main(["--config", CONFIG, "--workdir", str(workdir), "--config.train.steps=1",
-                       "--config.train.save_every=1", "--config.train.val_every=0", *SMALL]) == 0
-    capsys.readouterr()
-    assert export.main(["--workdir", str(workdir), "--out", str(tmp_path / "x"), "--adapters-only"]) == 2
-    assert "not a LoRA run" in capsys.readouterr().err

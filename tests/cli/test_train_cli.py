@@ -279,6 +279,9 @@ def test_evaluate_and_export_bad_input(full_run, tmp_path, capsys):
     (taken / "keep.txt").write_text("mine")
     line = one_error_line(capsys, export.main(["--workdir", str(full_run), "--out", str(taken)]))
     assert "not an empty directory" in line and (taken / "keep.txt").read_text() == "mine"
+    line = one_error_line(capsys, export.main(["--workdir", str(full_run), "--out", str(tmp_path / "x"),
+                                                "--adapters-only"]))
+    assert "not a LoRA run" in line and not (tmp_path / "x").exists()
 
 
 def test_plot_draws_a_real_run(full_run):

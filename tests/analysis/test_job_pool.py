@@ -83,7 +83,10 @@ def test_a_stopped_pool_passes_sigterm_to_its_jobs_and_waits_for_them(tmp_path, 
                 "signal.signal(signal.SIGTERM, bye)\n"
                 f"pathlib.Path({str(tmp_path)!r}, sys.argv[1] + '.up').write_text('')\n"
                 "time.sleep(60)\n")
-    pool_code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+    # the pool takes Ctrl-C as in a terminal even where the suite itself was started with SIGINT
+    # ignored (a background job of a non-interactive shell), whose children would inherit that
+    pool_code = (f"import signal, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                  "from pathlib import Path\n"
                  "from job_pool import Job, Stopped, run_jobs\n"
                  f"jobs = [Job(n, [sys.executable, '-c', {job_code!r}, n], Path({str(tmp_path)!r}, n + '.log')) "

@@ -31,9 +31,6 @@ def measure(config, steps: int) -> dict:
     import resource
 
     import jax
-    from flax import nnx
-
-    from ragen_jax.models import lora
     from ragen_jax.run.experiment import make_experiment
 
     exp = make_experiment(config)
@@ -56,11 +53,10 @@ def measure(config, steps: int) -> dict:
         kept.append(int(metrics["update/kept_rows"]))
     return {
         "trained_parameters": int(sum(x.size for x in jax.tree.leaves(trained))),
-        "adapter_parameters": int(sum(x.size for x in jax.tree.leaves(nnx.filter_state(state.policy, lora.LoRAParam)))),
         "optimizer_bytes": int(sum(x.nbytes for x in jax.tree.leaves(state.policy_opt))),
         "compile_s": compile_s, "step_s": times, "kept_rows": kept,
         "peak_bytes": sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"],
-        "temp_bytes": sizes["temp"], "argument_bytes": sizes["argument"],
+        "temp_bytes": sizes["temp"],
         "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 

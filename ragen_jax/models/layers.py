@@ -126,13 +126,13 @@ class Linear(nnx.Module):
         self.lora_on = True
 
     def merged_kernel(self) -> jax.Array:
-        """The kernel with the adapter folded in (kernel + alpha / rank · lora_a @ lora_b, in f32
-        then the kernel's dtype); the kernel itself without one (or switched off)."""
+        """The kernel with the adapter folded in (kernel + alpha / rank · lora_a @ lora_b), in
+        float32; the kernel itself without one (or switched off)."""
         kernel = self.kernel[...]
         if not self.adapted:
             return kernel
         delta = jnp.matmul(self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32))
-        return (kernel.astype(jnp.float32) + self.lora_scale * delta).astype(kernel.dtype)
+        return kernel.astype(jnp.float32) + self.lora_scale * delta
 
 
 class Attention(nnx.Module):

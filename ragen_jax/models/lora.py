@@ -10,7 +10,8 @@ are scanned or not.
 
 Training a LoRA model updates the adapters only (`trainable` / `split_trainable`: the policy's
 adapters; the critic's adapters and its value head); the base weights pass through the step
-unchanged. The base model is the same weights with the adapters switched off (`adapters_off`,
+unchanged, so `add_adapters` stores them in the compute dtype (`model.dtype`; every layer casts
+its weights to it at use, so the outputs are the same) while the adapters keep `param_dtype`. The base model is the same weights with the adapters switched off (`adapters_off`,
 a flag on each adapted layer, no second copy): the KL reference of a LoRA run. `merged` folds
 the adapters into the kernels (export), `peft_state` writes them in peft's layout.
 """
@@ -55,6 +56,10 @@ def add_adapters(model, key: jax.Array, lora: LoraConfig | None = None) -> None:
     lora = model.cfg.lora
     if not lora.rank:
         return
+    frozen = jnp.dtype(model.cfg.dtype)  # the base weights, frozen from here on: in the compute dtype
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param) and not isinstance(var, LoRAParam) and var.dtype != frozen:
+            var.set_value(var[...].astype(frozen))
     dtype = jnp.dtype(model.cfg.param_dtype)
     for layer, name, linear in list(_targets(model.layers, lora.target_names())):
         d_in = linear.kernel.shape[-2]
@@ -112,18 +117,20 @@ def join(train: nnx.State, frozen: nnx.State) -> nnx.State:
 
 def merged(model):
     """A `Decoder` without adapters whose kernels are `model`'s with its adapters folded in
-    (W + alpha / rank · A B); `model` itself when it has none."""
+    (W + alpha / rank · A B, in float32), every weight in `param_dtype` (the frozen base weights
+    are kept in the compute dtype); `model` itself when it has none."""
     from ragen_jax.models.decoder import Decoder
 
     if not adapted(model.cfg):
         return model
     cfg = model.cfg.base()
     out = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    dtype = jnp.dtype(cfg.param_dtype)
     kernels = {}
     for layer, name, linear in _targets(model.layers, LORA_TARGETS):
-        kernels[(layer, name)] = linear.merged_kernel()
+        kernels[(layer, name)] = linear.merged_kernel().astype(dtype)
     state = nnx.state(model, nnx.Not(LoRAParam))
-    nnx.update(out, state)
+    nnx.update(out, jax.tree.map(lambda x: x.astype(dtype), state))
     for layer, name, linear in _targets(out.layers, LORA_TARGETS):
         linear.kernel.set_value(kernels[(layer, name)])
     return out

@@ -116,7 +116,8 @@ def load_initial_weights(model: Decoder, init: str) -> None:
     if want != got:
         raise ConfigError(f"model.init={init!r} holds a model of another shape than model.preset="
                           f"{model.cfg!r:.60}…")
-    nnx.update(model, jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
+    # (in the model's dtypes: a LoRA model keeps its frozen base weights in the compute dtype)
+    nnx.update(model, jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding),
                                    nnx.state(source), nnx.state(model, base)))
 
 

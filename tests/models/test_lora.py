@@ -153,3 +153,27 @@ def test_a_hugging_face_base_loads_with_fresh_adapters(batch, tmp_path):
         assert model.cfg.lora == LORA and len(jax.tree.leaves(nnx.state(model, lora.LoRAParam))) == 2 * 7 * (
             1 if scan else 3)
         np.testing.assert_allclose(logits(model, *batch), logits(base, *batch), rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_base_weights_are_kept_in_the_compute_dtype(batch, tmp_path):
+    """bfloat16 compute: the base weights are stored in bfloat16 (every layer casts to it at use,
+    so the step-0 outputs are the base's bit for bit), the adapters in float32; merging folds
+    them in float32 and exports float32."""
+    cfg = dict(dtype="bfloat16", scan_layers=True)
+    base = init_model(DecoderConfig.preset("tiny", **cfg), jax.random.key(0))
+    model = init_model(DecoderConfig.preset("tiny", **cfg, lora=LORA), jax.random.key(0))
+    frozen, adapters = nnx.state(model, nnx.Not(lora.LoRAParam)), nnx.state(model, lora.LoRAParam)
+    assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    for want, got in zip(jax.tree.leaves(nnx.state(base)), jax.tree.leaves(frozen)):
+        np.testing.assert_array_equal(np.asarray(want).astype(jnp.bfloat16), got)
+    np.testing.assert_array_equal(logits(base, *batch), logits(model, *batch))
+    trained(model)
+    merged = lora.merged(model)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(merged))} == {jnp.dtype(jnp.float32)}
+    q = model.layers.self_attn.q_proj
+    want = q.kernel[...].astype(jnp.float32) + 2.0 * jnp.einsum("lir,lro->lio", q.lora_a[...], q.lora_b[...])
+    np.testing.assert_allclose(merged.layers.self_attn.q_proj.kernel[...], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(merged.norm.weight[...], model.norm.weight[...].astype(jnp.float32))
+    hf.save_pretrained(model, tmp_path)
+    assert {x.dtype for x in load_file(tmp_path / "model.safetensors").values()} == {np.dtype(np.float32)}

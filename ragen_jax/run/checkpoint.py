@@ -1,7 +1,11 @@
 """Orbax checkpoints of the train state under `WORKDIR/checkpoints/<step>/state`.
 
 The whole `TrainState` is saved (parameters, optimiser moments, critic, reference, PRNG key,
-step, diagnostics EMAs), so a resumed run continues bit for bit. Writes are asynchronous and
+step, diagnostics EMAs), so a resumed run continues bit for bit — except a LoRA run's frozen
+base weights: its checkpoints hold what trains (the adapters, a critic's value head, their
+moments), and `base.json` beside them names the base (the config's model keys) with a
+fingerprint of its weights; restoring joins the saved part with the base the run loaded, after
+checking the fingerprint (another base is a one-line error). Writes are asynchronous and
 atomic (orbax writes to a temporary directory and renames it when complete): a run killed
 while saving leaves the previous checkpoint as the latest one. Evaluation and export restore
 only the policy parameters (orbax partial restore), onto whatever devices are present.
@@ -32,12 +36,15 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from ragen_jax.models import lora
 from ragen_jax.models.stacking import stack_layers, stacked_layout, unstack_layers
 from ragen_jax.core import distributed
+from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import describe, write_atomically
 from ragen_jax.training.step import TrainState
 
 FILE_LIST = "files.json"
+BASE = "base.json"
 CRC_LIMIT = 256 << 20  # larger files (2 GB OCDBT data files of big models) are checked by size only
 ROOM_MARGIN = 1 << 20  # metadata files beside the arrays
 T = TypeVar("T")
@@ -64,8 +71,38 @@ class CheckpointWriteError(OSError):
 
 
 def _storable(state: TrainState) -> TrainState:
-    """Typed PRNG keys cannot be serialised: store their raw key data."""
-    return state.replace(key=jax.random.key_data(state.key))
+    """What a checkpoint holds of `state`: a LoRA run's trained part (`_saved_part`), typed PRNG
+    keys as their raw key data (they cannot be serialised)."""
+    return _saved_part(state).replace(key=jax.random.key_data(state.key))
+
+
+def _adapted(policy: nnx.State) -> bool:
+    return bool(jax.tree.leaves(nnx.filter_state(policy, lora.LoRAParam)))
+
+
+def _saved_part(state: TrainState) -> TrainState:
+    """`state` without a LoRA run's frozen base weights (policy and critic: what trains)."""
+    if not _adapted(state.policy):
+        return state
+    return state.replace(policy=lora.trainable(state.policy),
+                         critic=None if state.critic is None else lora.trainable(state.critic))
+
+
+def _with_base(saved: nnx.State, like: nnx.State) -> nnx.State:
+    """A restored trained part joined with `like`'s frozen base weights."""
+    return lora.join(saved, lora.split_trainable(like)[1])
+
+
+def base_fingerprint(policy: nnx.State) -> list[float]:
+    """One number per frozen base weight of a LoRA policy (the mean of its absolute values, in
+    float32): equal for the same base loaded again, far apart for another one."""
+    frozen = lora.split_trainable(policy)[1]
+    means = [jax.numpy.mean(jax.numpy.abs(x.astype(jax.numpy.float32))) for x in jax.tree.leaves(frozen)]
+    return [float(m) for m in jax.device_get(means)]
+
+
+def _same_base(saved: list[float], loaded: list[float]) -> bool:
+    return len(saved) == len(loaded) and all(abs(a - b) <= 1e-3 * abs(a) + 1e-12 for a, b in zip(saved, loaded))
 
 
 def _abstract(tree):
@@ -137,8 +174,12 @@ class Checkpoints:
     """The checkpoints of one workdir. `read_only`: for evaluation, export and initial weights,
     which never save (and must work on a workdir they may not write)."""
 
-    def __init__(self, workdir: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only=False):
+    def __init__(self, workdir: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only=False,
+                 base: dict | None = None):
+        """`base`: what names a LoRA run's base (the config's model keys), written to `base.json`."""
         self.directory = Path(workdir).absolute() / "checkpoints"
+        self.base = base
+        self._fingerprint: list[float] | None = None  # of the base the run loaded (computed once)
         if read_only:  # create=False and no save ever: orbax's read_only option only adds warnings
             options = ocp.CheckpointManagerOptions(create=False)
         else:  # a writer removes the temporary directories of saves a crash interrupted
@@ -159,6 +200,8 @@ class Checkpoints:
         """Start writing `state` (in the background); the previous save is finished first."""
         self.settle()
         step = int(state.step)
+        if _adapted(state.policy) and self._fingerprint is None:
+            self._fingerprint = base_fingerprint(state.policy)
         stored = _storable(state)
         needed, free = self._room_needed(stored), shutil.disk_usage(self.directory).free
         if distributed.any_process(free < needed):  # orbax failing mid-write leaves work in its event loops
@@ -203,6 +246,8 @@ class Checkpoints:
         if not directory.is_dir():  # orbax logs some failures without raising them
             raise CheckpointWriteError(f"checkpoint {directory} could not be written (orbax did not finish it)")
         if distributed.is_lead():
+            if self._fingerprint is not None:  # before the file list, which then covers it
+                write_atomically(directory / BASE, json.dumps({"model": self.base, "fingerprint": self._fingerprint}))
             write_atomically(directory / FILE_LIST, json.dumps({"files": list_files(directory)}, indent=1))
 
     def close(self) -> None:
@@ -222,16 +267,42 @@ class Checkpoints:
     # ------------------------------------------------------------------ reading
 
     def restore(self, step: int, like: TrainState) -> TrainState:
-        """The saved state, shaped and placed like `like` (a freshly initialised state)."""
+        """The saved state, shaped and placed like `like` (a freshly initialised state; a LoRA
+        run's base weights are `like`'s)."""
         self._check(step)
         self.verify(step)
+        self._check_base(step, like.policy)
         target = _abstract(_storable(like))
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(state=_restore_args(target)))
         except Exception as err:  # corrupt or incompatible files: one line, not a traceback
             raise CheckpointError(f"checkpoint {self.directory / str(step)} could not be restored: "
                                   f"{describe(err)}") from None
-        return restored.state.replace(key=jax.random.wrap_key_data(restored.state.key))
+        state = restored.state.replace(key=jax.random.wrap_key_data(restored.state.key))
+        if _adapted(like.policy):
+            state = state.replace(policy=_with_base(state.policy, like.policy),
+                                  critic=None if like.critic is None else _with_base(state.critic, like.critic))
+        return state
+
+    def _check_base(self, step: int, policy_like: nnx.State) -> None:
+        """A LoRA checkpoint's adapters belong to the base it names: a ConfigError (not damage:
+        every checkpoint of the run would fail the same way) when the loaded base differs."""
+        if not _adapted(policy_like):
+            return
+        path = self.directory / str(step) / BASE
+        if not path.exists():  # a run killed before it finished the save: orbax's files are complete
+            return
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"checkpoint {self.directory / str(step)}: {BASE} is unreadable ({describe(err)}); "
+                                  "a LoRA checkpoint names its base there") from None
+        if self._fingerprint is None:
+            self._fingerprint = base_fingerprint(policy_like)
+        if not _same_base(saved["fingerprint"], self._fingerprint):
+            names = ", ".join(f"{k}={v!r}" for k, v in (saved.get("model") or {}).items() if v) or "unnamed"
+            raise ConfigError(f"checkpoint {self.directory / str(step)} holds LoRA adapters of another base "
+                              f"({names}): the base weights loaded now differ from the ones it was trained on")
 
     def restore_policy(self, step: int, policy_like: nnx.State) -> nnx.State:
         """Only the policy parameters (evaluation, export, initial weights), placed like
@@ -239,6 +310,9 @@ class Checkpoints:
         per-layer model and the other way round."""
         self._check(step)
         self.verify(step)
+        self._check_base(step, policy_like)
+        adapted = _adapted(policy_like)
+        full_like, policy_like = policy_like, lora.trainable(policy_like) if adapted else policy_like
         like = _abstract(policy_like)
         saved_stacked = self._policy_stacked(step)
         want_stacked = stacked_layout(nnx.to_pure_dict(like))
@@ -258,7 +332,8 @@ class Checkpoints:
             policy = nnx.State(policy_like)
             nnx.replace_by_pure_dict(policy, jax.tree.map(lambda x, s: jax.device_put(x, s.sharding), values,
                                                           nnx.to_pure_dict(like)))
-        return policy if isinstance(policy, nnx.State) else nnx.State(policy)
+        policy = policy if isinstance(policy, nnx.State) else nnx.State(policy)
+        return _with_base(policy, full_like) if adapted else policy
 
     def _policy_stacked(self, step: int) -> bool | None:
         """Whether step's saved policy holds stacked layers (None: its metadata is unreadable)."""

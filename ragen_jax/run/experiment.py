@@ -7,6 +7,7 @@ for the same config. Nothing here compiles; bad paths raise one-line errors.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,10 @@ def load_initial_weights(model: Decoder, init: str) -> None:
     # a LoRA model's base weights come from `init`; its adapters stay fresh (B = 0)
     base = nnx.Not(LoRAParam)
     if (path / "checkpoints").is_dir():
+        saved = path / "config.json"
+        if saved.is_file() and _lora_run(json.loads(saved.read_text())):
+            raise ConfigError(f"model.init={init!r} is a LoRA run: its checkpoints hold adapters, not a whole "
+                              "model; export it merged (python -m ragen_jax.export) and start from the export")
         if not restorable_steps(path):
             raise CheckpointError(f"model.init={init!r} has no checkpoint under {path / 'checkpoints'}")
         nnx.update(model, restore_policy(path, None, nnx.state(model, base))[1])
@@ -121,6 +126,11 @@ def load_initial_weights(model: Decoder, init: str) -> None:
                                    nnx.state(source), nnx.state(model, base)))
 
 
+def _lora_run(config: dict) -> bool:
+    """Whether a saved run config (a workdir's config.json) trains LoRA adapters."""
+    return bool(((config.get("model") or {}).get("lora") or {}).get("rank"))
+
+
 def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None) -> Experiment:
     """The run's objects on `devices` (all by default); a ConfigDict is built first (`build`)."""
     devices = list(devices if devices is not None else jax.devices())
@@ -141,7 +151,6 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
     """The experiment of a training workdir with its policy restored from a checkpoint (the
     latest, or `step`): parameters only, no optimiser state, onto the devices present (the
     saved mesh when it fits them, else data parallelism over all of them)."""
-    import json
     from pathlib import Path
 
     from flax import nnx
@@ -167,7 +176,9 @@ def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experim
         build(config, len(devices))
     except ConfigError:  # the saved mesh does not fit these devices: plain data parallelism
         config["mesh"] = {"data": -1, "fsdp": 1, "tensor": 1}
-    config.setdefault("model", {})["init"] = None  # the checkpoint replaces the initial weights
+    model = config.setdefault("model", {})
+    if not _lora_run(config):  # the checkpoint replaces the initial weights (a LoRA run's: its adapters)
+        model["init"] = None
     exp = make_experiment(build(config, len(devices)), devices)
     step, policy = restore_policy(workdir, step, nnx.state(exp.model))
     nnx.update(exp.model, policy)

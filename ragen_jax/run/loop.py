@@ -250,7 +250,9 @@ def train(config, workdir: Path, devices=None) -> int:
     lead = distributed.is_lead()  # process 0 writes config, logs and messages
     trainer = exp.trainer()
     train_settings = run.settings.train
-    checkpoints = Checkpoints(workdir, keep=train_settings.keep_checkpoints)
+    m = run.settings.model  # a LoRA run's checkpoints name the base they belong to
+    checkpoints = Checkpoints(workdir, keep=train_settings.keep_checkpoints,
+                              base={"model.path": m.path, "model.init": m.init, "model.preset": m.preset})
     try:
         state = trainer.init_state(jax.random.key(run.settings.seed), exp.model)
         start = 0

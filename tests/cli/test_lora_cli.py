@@ -15,7 +15,7 @@ from ragen_jax.cli import evaluate, export, train
 from ragen_jax.models import lora
 from ragen_jax.models.cache import positions_from_mask
 
-from commands import CONFIG, SMALL
+from commands import CONFIG, SMALL, one_error_line
 
 LORA = ["--config.model.lora.rank=4", "--config.model.lora.alpha=8", "--config.model.scan_layers=true",
         "--config.algo.actor_lr=1e-2", "--config.algo.name=ppo"]  # PPO: GAE moves the adapters even at equal rewards
@@ -69,3 +69,13 @@ def test_train_evaluate_export_a_lora_run(lora_run, tmp_path):
     prefix = "base_model.model.model.layers.1.mlp.down_proj"
     np.testing.assert_allclose(merged[name], base + 2.0 * tensors[prefix + ".lora_B.weight"] @ tensors[
         prefix + ".lora_A.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoints_name_their_base_and_a_lora_run_is_no_initial_model(lora_run, tmp_path, capsys):
+    base = json.loads((lora_run / "checkpoints" / "2" / "base.json").read_text())
+    assert base["model"] == {"model.path": None, "model.init": "builtin:sokoban-tiny", "model.preset": "tiny"}
+    assert len(base["fingerprint"]) > 0
+    line = one_error_line(capsys, train.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), *SMALL,
+                                              f"--config.model.init={lora_run}"]))
+    assert "is a LoRA run: its checkpoints hold adapters" in line and "python -m ragen_jax.export" in line
+    assert not (tmp_path / "w").exists()

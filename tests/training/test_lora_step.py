@@ -3,6 +3,7 @@ weights pass through unchanged, the KL reference is the base (the adapters switc
 a step-0 LoRA policy plays exactly as its base; scanned layers too."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -15,6 +16,8 @@ from ragen_jax.models.decoder import init_model
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.run import checkpoint
 from ragen_jax.run.checkpoint import Checkpoints
 from ragen_jax.training.step import StepConfig, Trainer
 
@@ -64,9 +67,20 @@ def test_ppo_step_trains_only_the_adapters_and_the_value_head_and_resumes_exactl
             checkpoints.close()
         state, metrics = tr.step(state)
         kls.append(float(metrics["actor/kl"]))
-    # resumed from the checkpoint, the second step comes out bit for bit the same
+    # the checkpoint holds what trains, not the base weights, and names its base with a fingerprint
+    saved = sum(p.stat().st_size for p in (tmp_path / "checkpoints" / "1").rglob("*") if p.is_file())
+    assert saved < sum(x.nbytes for x in base0) / 2, saved  # with the base weights: over 2x (policy and critic)
+    fingerprint = json.loads((tmp_path / "checkpoints" / "1" / checkpoint.BASE).read_text())["fingerprint"]
+    assert len(fingerprint) == len(base0)
+    # resumed from the checkpoint (onto the same base), the second step comes out bit for bit the same
     checkpoints = Checkpoints(tmp_path, read_only=True)
     resumed = checkpoints.restore(1, tr.init_state(jax.random.key(9), model))
+    # onto another base: one line naming it, not a damaged checkpoint
+    other = init_model(cfg, jax.random.key(5))
+    with pytest.raises(ConfigError, match="holds LoRA adapters of another base"):
+        Checkpoints(tmp_path, read_only=True).restore(1, tr.init_state(jax.random.key(9), other))
+    with pytest.raises(ConfigError, match="holds LoRA adapters of another base"):
+        Checkpoints(tmp_path, read_only=True).restore_policy(1, nnx.state(other))
     checkpoints.close()
     again, _ = tr.step(resumed)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(again)):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import time
@@ -54,8 +53,6 @@ from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.schema import EarlyStopSection
 
 EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 1, 2, 143
-# Testing hook: SIGKILL this process right after step N's checkpoint is written (a crash).
-_KILL_AFTER_STEP = int(os.environ.get("RAGEN_JAX_KILL_AFTER_STEP", "0"))
 
 
 # ----------------------------------------------------------------------------- workdir
@@ -341,9 +338,6 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
             checkpoints.poll()  # a save that failed in the background stops the run here
             if step % settings.train.save_every == 0 or step == steps or reason:
                 checkpoints.save(state, force=True)
-            if step == _KILL_AFTER_STEP:  # fault injection for the exact-resume test
-                checkpoints.settle()
-                os.kill(os.getpid(), signal.SIGKILL)
             if reason:
                 break
         checkpoints.settle()  # the last checkpoint is complete before the run says it is done

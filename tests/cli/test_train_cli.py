@@ -16,7 +16,7 @@ from ragen_jax.cli import evaluate, export, train
 from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.run import loop
 
-from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
+from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records, start
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
 
@@ -41,9 +41,14 @@ def full_run(full_run_output):
 def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
     args = ["--config", CONFIG, "--workdir", str(tmp_path), "--config.train.steps=6", "--config.train.save_every=3",
             *SMALL]
-    killed = command("ragen_jax.train", *args, env={"RAGEN_JAX_KILL_AFTER_STEP": "3"})
-    assert killed.returncode == -signal.SIGKILL
-    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2, 3]
+    # SIGKILL once step 3's checkpoint is complete (its file list written, during step 4 or 5)
+    proc = start("ragen_jax.train", *args)
+    done = tmp_path / "checkpoints" / "3" / "files.json"
+    while proc.poll() is None and not done.exists():
+        time.sleep(0.002)
+    proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    assert [r["step"] for r in records(tmp_path)][:4] == [0, 1, 2, 3]
     resumed = command("ragen_jax.train", *args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr

@@ -2,7 +2,6 @@
 weights pass through unchanged, the KL reference is the base (the adapters switched off), and
 a step-0 LoRA policy plays exactly as its base; scanned layers too."""
 
-import dataclasses
 import json
 
 import jax

@@ -427,8 +427,10 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
     from ragen_jax.models import lora
 
     adapters = lora.adapter_count(cfg) * param_bytes / model_shards  # LoRA's trained weights (0 without)
-    params = cfg.num_params() * param_bytes / model_shards + adapters
-    critic = (cfg.num_params() + cfg.hidden_size) * param_bytes / model_shards + adapters if algo.uses_critic else 0
+    base_bytes = compute if cfg.lora.rank else param_bytes  # LoRA keeps the frozen base in the compute dtype
+    params = cfg.num_params() * base_bytes / model_shards + adapters
+    critic = (cfg.num_params() * base_bytes + cfg.hidden_size * param_bytes) / model_shards + adapters \
+        if algo.uses_critic else 0
     trained = adapters if cfg.lora.rank else params  # what the optimiser and the gradients cover
     critic_trained = (adapters + cfg.hidden_size * param_bytes / model_shards if cfg.lora.rank else critic)
     analytic = {
@@ -440,7 +442,8 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
         "rollout KV cache": local_rows * layout.length * kv,
         # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)
         # (stored in the compute dtype: no copy; the embedding/head whole on every device)
-        "inference weights": ((cfg.num_params() / model_shards if cfg.param_dtype != cfg.dtype else 0)
+        "inference weights": ((((lora.adapter_count(cfg) if cfg.lora.rank else cfg.num_params()) / model_shards)
+                               if cfg.param_dtype != cfg.dtype else 0)
                               + head_params * (1 - 1 / model_shards)) * compute,
         "cross-scoring cache": (local_rows * layout.generation_offset(layout.turns - 1) * kv
                                 if diagnostics is not None else 0),

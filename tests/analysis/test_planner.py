@@ -82,3 +82,14 @@ def test_bad_input_gives_one_line_and_exit_2(args, message, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_lora_state_holds_the_base_in_the_compute_dtype_and_moments_of_the_adapters(result):
+    config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), {**SHORT, "model.lora.rank": "16"})
+    lora = planner.plan(config, (1, 8, 1), preset="qwen2.5-0.5b", compile_step=False, pieces=())
+    for key in ("parameters", "critic", "optimiser", "critic optimiser"):
+        assert lora.memory[key] == pytest.approx(lora.analytic[key], rel=2e-3), key
+    # the frozen base in bfloat16: half the bytes of full fine-tuning's float32 weights, plus the adapters
+    adapters = lora.memory["optimiser"] / 2  # float32, as their two Adam moments each
+    assert lora.memory["parameters"] == pytest.approx(result.memory["parameters"] / 2 + adapters, rel=1e-3)
+    assert lora.memory["optimiser"] < result.memory["optimiser"] / 50

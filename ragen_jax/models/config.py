@@ -47,7 +47,8 @@ class LoraConfig:
     (kaiming-uniform: U(±1/sqrt(in))) and B [rank, out] zero, so an adapted model starts as its
     base exactly; training then updates A and B only. `rank` 0 (the default): no adapters, no
     new variables. `targets`: comma-separated projection names (LORA_TARGETS) or "all-linear".
-    `dropout` on the adapters' input is not implemented: only 0 is accepted."""
+    `dropout` in [0, 1) (peft's lora_dropout): in the update's loss forwards only, each adapter
+    reads x through inverted dropout, x W + b + (alpha / rank) · (drop(x) A) B."""
 
     rank: int = 0
     alpha: float = 16.0
@@ -62,9 +63,9 @@ class LoraConfig:
         if not (isinstance(self.alpha, (int, float)) and self.alpha > 0 and self.alpha < float("inf")):
             raise ValueError(f"model.lora.alpha={self.alpha!r} must be a finite number > 0 "
                              "(the adapters are scaled by alpha / rank)")
-        if self.dropout != 0:
-            raise ValueError(f"model.lora.dropout={self.dropout!r}: LoRA dropout is not implemented; only 0 is "
-                             "accepted")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ValueError(f"model.lora.dropout={self.dropout!r} must be a number in [0, 1) (the probability "
+                             "of zeroing an adapter's input; 0: no dropout)")
         self.target_names()  # checks the names
 
     def target_names(self) -> tuple[str, ...]:
@@ -81,6 +82,11 @@ class LoraConfig:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank if self.rank else 0.0
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether the update's forwards drop adapter inputs: adapters, and dropout > 0."""
+        return self.rank > 0 and self.dropout > 0
 
 
 def check_numerics(values: dict, prefix: str = "") -> None:

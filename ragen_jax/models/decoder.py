@@ -15,6 +15,8 @@ run either scanned over stacked weights or as a Python loop (`DecoderConfig.scan
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -46,13 +48,19 @@ class Decoder(nnx.Module):
             add_adapters(self, rngs.params())
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                 context: DecodeContext = DecodeContext()):
+                 context: DecodeContext = DecodeContext(), dropout_key: jax.Array | None = None):
         """tokens, positions, mask: [B, T]. Without a cache in `context` the T slots attend among
         themselves; with one the chunk is written at slot `context.offset` and attends to the
         cache. Returns (hidden [B, T, hidden_size] in the compute dtype, cache); with
-        `context.query` hidden is [B, 1, hidden_size]."""
+        `context.query` hidden is [B, 1, hidden_size]. `dropout_key`: a training forward's PRNG
+        key for the LoRA dropout (`model.lora.dropout`; ignored at 0 or without adapters)."""
         h = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
         cache, inputs = self._layer_inputs(positions, mask.astype(bool), context)
+        if dropout_key is not None and self.cfg.lora.has_dropout:
+            # the update's whole-buffer forward only (a cache-filling forward's row chunks would share masks)
+            if context.cache is not None:
+                raise ValueError("LoRA dropout applies to a training forward without a KV cache")
+            inputs = dataclasses.replace(inputs, dropout_key=dropout_key)
         if self.cfg.scan_layers:
             h, cache = self._scanned(h, cache, inputs)
             # every slot's output computed, then the asked ones picked (one program for all layers)

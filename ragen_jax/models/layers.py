@@ -19,7 +19,7 @@ from flax import nnx
 
 from ragen_jax.core.sharding import FSDP, TENSOR
 from ragen_jax.models.cache import KVCache
-from ragen_jax.models.config import REMAT_POLICIES, DecoderConfig
+from ragen_jax.models.config import LORA_TARGETS, REMAT_POLICIES, DecoderConfig
 from ragen_jax.models.cpu_tuning import CpuPath, PerLayerKVCache
 from ragen_jax.models.rope import apply_rope
 
@@ -55,8 +55,9 @@ def pick_slots(x: jax.Array, idx: jax.Array) -> jax.Array:
 class LayerInputs:
     """What every layer of one forward reads besides its hidden states and the cache: RoPE
     tables cos/sin [B, T, head_dim], the key slots each query slot attends to [B, T, S], the
-    chunk's slot `offset` in the cache, the query block (`DecodeContext.query_block`) and the
-    call's CPU path."""
+    chunk's slot `offset` in the cache, the query block (`DecodeContext.query_block`), the
+    call's CPU path and its LoRA dropout key (a training forward with `model.lora.dropout` > 0;
+    else None, and no dropout is traced)."""
 
     cos: jax.Array
     sin: jax.Array
@@ -64,6 +65,15 @@ class LayerInputs:
     offset: jax.Array | int
     query_block: int
     cpu: CpuPath
+    dropout_key: jax.Array | None = None
+
+    def lora_key(self, layer, name: str) -> jax.Array | None:
+        """The dropout key of layer `layer`'s projection `name`: the forward's key folded with the
+        layer index (traced in a scanned model: the same masks as unrolled), then the name's
+        index in LORA_TARGETS; None without dropout."""
+        if self.dropout_key is None:
+            return None
+        return jax.random.fold_in(jax.random.fold_in(self.dropout_key, layer), LORA_TARGETS.index(name))
 
 
 class RMSNorm(nnx.Module):
@@ -83,6 +93,13 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None) -> ja
     return y if bias is None else y + bias.astype(x.dtype)
 
 
+def dropout(x: jax.Array, key: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout: each entry of x zeroed with probability `rate`, the others scaled by
+    1 / (1 - rate) (the expectation kept), the mask drawn by `jax.random.bernoulli` from `key`."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
 class LoRAParam(nnx.Param):
     """A LoRA adapter's weight (`Linear.add_adapter`): the only parameters a LoRA run trains
     (filters select them by this type; every `nnx.Param` filter includes them)."""
@@ -93,15 +110,19 @@ class Linear(nnx.Module):
 
     With an adapter (`add_adapter`, models/lora.py): y + (alpha / rank) · (x @ lora_a) @ lora_b,
     lora_a [in, rank], lora_b [rank, out] (a scanned model's with a leading layer axis), unless
-    `lora_on` is switched off (`lora.adapters_off`: the base model, the same weights)."""
+    `lora_on` is switched off (`lora.adapters_off`: the base model, the same weights). Given a
+    dropout key (`LayerInputs.lora_key`: a training forward), the adapter reads x through
+    `dropout` at rate `lora_dropout` (peft's lora_dropout); the base projection reads x as is."""
 
     def __init__(self, cfg, rngs, d_in, d_out, spec, bias=False):
         self.kernel = param(rngs, (d_in, d_out), cfg, spec)
         self.bias = param(rngs, (d_out,), cfg, (spec[1],), "zeros") if bias else None
 
-    def __call__(self, x):
+    def __call__(self, x, dropout_key: jax.Array | None = None):
         y = affine(x, self.kernel[...], None if self.bias is None else self.bias[...])
         if self.adapted:
+            if dropout_key is not None and self.lora_dropout:
+                x = dropout(x, dropout_key, self.lora_dropout)
             delta = (x @ self.lora_a[...].astype(x.dtype)) @ self.lora_b[...].astype(x.dtype)
             y = y + delta * jnp.asarray(self.lora_scale, x.dtype)
         return y
@@ -111,11 +132,12 @@ class Linear(nnx.Module):
         """Whether the adapter counts in this layer's outputs (it has one, switched on)."""
         return getattr(self, "lora_on", False)
 
-    def add_adapter(self, a: jax.Array, alpha: float, dtype) -> None:
+    def add_adapter(self, a: jax.Array, alpha: float, dtype, dropout_rate: float = 0.0) -> None:
         """An adapter for this projection: lora_a = `a` [(layers,) in, rank] (models/lora.py
-        draws it), lora_b zero, scaled by alpha / rank. Their large axis (in, out) is split over
-        `fsdp` whatever the kernel's (the rank axis is small): each device holds 1/fsdp of the
-        adapters and of their optimiser moments."""
+        draws it), lora_b zero, scaled by alpha / rank, its input dropped at `dropout_rate` in
+        the forwards given a key. Their large axis (in, out) is split over `fsdp` whatever the
+        kernel's (the rank axis is small): each device holds 1/fsdp of the adapters and of their
+        optimiser moments."""
         spec = self.kernel.get_metadata("out_sharding")
         lead, rank, d_out = self.kernel.shape[:-2], a.shape[-1], self.kernel.shape[-1]
         lead_spec = tuple(spec[:-2])
@@ -123,6 +145,7 @@ class Linear(nnx.Module):
         self.lora_b = LoRAParam(jnp.zeros((*lead, rank, d_out), dtype), out_sharding=(*lead_spec, None, FSDP),
                                 eager_sharding=False)
         self.lora_scale = float(alpha) / rank
+        self.lora_dropout = float(dropout_rate)
         self.lora_on = True
 
     def merged_kernel(self) -> jax.Array:
@@ -148,21 +171,23 @@ class Attention(nnx.Module):
     def __call__(self, x, inputs: LayerInputs, cache: KVCache | PerLayerKVCache | None, layer: int, query=None):
         """x [B, T, hidden] -> (attention output, cache with this chunk's keys/values written).
         `query` [B]: the output of one slot per row only (see DecodeContext.query)."""
-        q, k, v = self._project(x, inputs.cos, inputs.sin, query, inputs.cpu.layer_qkv(layer))
+        key = functools.partial(inputs.lora_key, layer)
+        q, k, v = self._project(x, inputs.cos, inputs.sin, query, inputs.cpu.layer_qkv(layer), key)
         attn_mask = inputs.attn_mask if query is None else pick_slots(inputs.attn_mask, query)
         cache, k, v, layered = self._with_cache(cache, layer, k, v, inputs.offset, attn_mask.shape[-1], x.dtype)
         out = self._attend_in_blocks(q, k, v, attn_mask, inputs, layered)
-        return self.o_proj(out), cache
+        return self.o_proj(out, key("o_proj")), cache
 
-    def _project(self, x, cos, sin, query, fused):
+    def _project(self, x, cos, sin, query, fused, key):
         """Queries [B, t, heads, head_dim] of the query slots (every slot, or `query`'s) and
         keys/values [B, kv_heads, T, head_dim] of every slot (the cache layout), RoPE applied.
-        `fused`: the q/k/v kernel and bias as one (`cpu_tuning.concat_qkv`), or None."""
+        `fused`: the q/k/v kernel and bias as one (`cpu_tuning.concat_qkv`), or None. `key(name)`:
+        a projection's LoRA dropout key (`LayerInputs.lora_key`), or None."""
         cfg = self.cfg
         b, t, _ = x.shape
         kvh, hd = cfg.num_kv_heads, cfg.head_dim
         if fused is None:
-            k, v = self.k_proj(x), self.v_proj(x)
+            k, v = self.k_proj(x, key("k_proj")), self.v_proj(x, key("v_proj"))
         else:
             every_q, k, v = jnp.split(affine(x, *fused), (cfg.num_heads * hd, (cfg.num_heads + kvh) * hd), axis=-1)
         k = apply_rope(k.reshape(b, t, kvh, hd), cos, sin).transpose(0, 2, 1, 3)
@@ -170,7 +195,7 @@ class Attention(nnx.Module):
         if query is not None:
             x, cos, sin = (pick_slots(a, query) for a in (x, cos, sin))
         if fused is None:
-            q = self.q_proj(x)
+            q = self.q_proj(x, key("q_proj"))
         else:
             q = every_q if query is None else pick_slots(every_q, query)
         return apply_rope(q.reshape(b, q.shape[1], cfg.num_heads, hd), cos, sin), k, v
@@ -282,17 +307,19 @@ class MLP(nnx.Module):
         self.up_proj = Linear(cfg, rngs, d, i, (FSDP, TENSOR))
         self.down_proj = Linear(cfg, rngs, i, d, (TENSOR, FSDP))
 
-    def __call__(self, x, cpu: CpuPath = CpuPath()):
+    def __call__(self, x, cpu: CpuPath = CpuPath(), key=lambda name: None):
         """SwiGLU; while a cache is filled, the [tokens, intermediate] activations go through
-        `cpu.rows` (cache-sized pieces on one CPU device)."""
+        `cpu.rows` (cache-sized pieces on one CPU device). `key(name)`: a projection's LoRA
+        dropout key (`LayerInputs.lora_key`; a training forward, which fills no cache), or None."""
         if not cpu.fills_cache:
-            return self._apply(x)
+            return self._apply(x, key)
         flat = x.reshape(-1, x.shape[-1])
-        out = cpu.rows(self._apply, self.down_proj.kernel.shape[0], flat, minimum=16)
+        out = cpu.rows(lambda rows: self._apply(rows, key), self.down_proj.kernel.shape[0], flat, minimum=16)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
-    def _apply(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    def _apply(self, x, key):
+        gate = jax.nn.silu(self.gate_proj(x, key("gate_proj")))
+        return self.down_proj(gate * self.up_proj(x, key("up_proj")), key("down_proj"))
 
 
 class Block(nnx.Module):
@@ -306,4 +333,5 @@ class Block(nnx.Module):
         """One pre-norm layer: (hidden [B, T or 1, hidden], cache)."""
         attn, cache = self.self_attn(self.input_layernorm(h), inputs, cache, layer, query)
         h = (h if query is None else pick_slots(h, query)) + attn
-        return h + self.mlp(self.post_attention_layernorm(h), inputs.cpu), cache
+        key = functools.partial(inputs.lora_key, layer)
+        return h + self.mlp(self.post_attention_layernorm(h), inputs.cpu, key), cache

@@ -8,6 +8,13 @@ after every base weight (their own key), so a model with adapters has the same b
 the model without them from the same key, and layer l's adapter is the same whether the layers
 are scanned or not.
 
+`lora.dropout` > 0 (peft's lora_dropout): the actor's and critic's loss forwards in the update
+(rl/update.py) read x through inverted dropout in each adapter, (alpha / rank) · (drop(x) A) B,
+the masks drawn from the forward's PRNG key folded with the layer index, then the projection's
+index in LORA_TARGETS (`layers.LayerInputs.lora_key`: the same masks scanned or unrolled). Every
+other forward (rollout, old log-probs, reference, diagnostics, validation, export) gets no key
+and runs without dropout.
+
 Training a LoRA model updates the adapters only (`trainable` / `split_trainable`: the policy's
 adapters; the critic's adapters and its value head); the base weights pass through the step
 unchanged, so `add_adapters` stores them in the compute dtype (`model.dtype`; every layer casts
@@ -68,7 +75,7 @@ def add_adapters(model, key: jax.Array, lora: LoraConfig | None = None) -> None:
                                             (d_in, lora.rank), jnp.float32, -bound, bound)
         # a stacked projection (layer None): layer l's slice drawn as the unrolled layer l's
         a = jnp.stack([draw(i) for i in range(model.cfg.num_layers)]) if layer is None else draw(layer)
-        linear.add_adapter(a, lora.alpha, dtype)
+        linear.add_adapter(a, lora.alpha, dtype, lora.dropout)
 
 
 def adapters_off(model):

@@ -93,14 +93,15 @@ def compact(batch: Batch, multiple: int = 64) -> Batch:
                                            jnp.int32))
 
 
-def backbone_hidden(model: Decoder, batch: Batch) -> jax.Array:
+def backbone_hidden(model: Decoder, batch: Batch, dropout_key: jax.Array | None = None) -> jax.Array:
     """Final hidden states [B, S, d] of the whole buffer. The shared prefix runs once, for the
     first row; the rest of every row attends to its keys/values (a `KVCache.shared` cache:
-    one row read by all), exactly as it would to its own copy."""
+    one row read by all), exactly as it would to its own copy. With a LoRA dropout key
+    (`Decoder.__call__`) every row runs whole: each row's prefix draws its own masks."""
     positions = positions_from_mask(batch.mask)
     p = batch.shared_prefix
-    if p == 0:
-        return model(batch.tokens, positions, batch.mask)[0]
+    if p == 0 or (dropout_key is not None and model.cfg.lora.has_dropout):
+        return model(batch.tokens, positions, batch.mask, dropout_key=dropout_key)[0]
     rows, slots = batch.tokens.shape
     prefix, cache = model(batch.tokens[:1, :p], positions[:1, :p], batch.mask[:1, :p],
                           DecodeContext(init_cache(model.cfg, 1, p), offset=0))
@@ -109,11 +110,12 @@ def backbone_hidden(model: Decoder, batch: Batch) -> jax.Array:
     return jnp.concatenate([jnp.broadcast_to(prefix, (rows,) + prefix.shape[1:]), rest], axis=1)
 
 
-def policy_logprobs(model: Decoder, batch: Batch, temperature: float):
+def policy_logprobs(model: Decoder, batch: Batch, temperature: float, dropout_key: jax.Array | None = None):
     """Log-probs and full-distribution entropies [b, K] of the generated tokens, under the
     policy at the sampling temperature (what the sampler's recorded log-probs measure):
-    each token's own (`batch.temperatures`) when the batch has them, else `temperature`."""
-    hidden = backbone_hidden(model, batch)
+    each token's own (`batch.temperatures`) when the batch has them, else `temperature`.
+    `dropout_key`: the LoRA dropout's (a training forward, `backbone_hidden`), or None."""
+    hidden = backbone_hidden(model, batch, dropout_key)
     picked = jnp.take_along_axis(hidden, batch.query[..., None], axis=1)
     if batch.temperatures is not None:
         picked = picked / batch.temperatures[..., None].astype(picked.dtype)  # logits / T, per token
@@ -122,7 +124,8 @@ def policy_logprobs(model: Decoder, batch: Batch, temperature: float):
     return token_logprobs(model, picked, batch.targets, with_entropy=True)
 
 
-def critic_values(critic: ValueModel, batch: Batch) -> jax.Array:
-    """V [b, K] at each generated token, read from the slot that predicts it (as verl)."""
-    hidden = backbone_hidden(critic.backbone, batch)
+def critic_values(critic: ValueModel, batch: Batch, dropout_key: jax.Array | None = None) -> jax.Array:
+    """V [b, K] at each generated token, read from the slot that predicts it (as verl);
+    `dropout_key` as `policy_logprobs`'."""
+    hidden = backbone_hidden(critic.backbone, batch, dropout_key)
     return critic.values(jnp.take_along_axis(hidden, batch.query[..., None], axis=1))

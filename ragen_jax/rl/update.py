@@ -36,7 +36,9 @@ class Learner:
     `rows`, which pins an array's rows across the mesh (identity without one). `lora`: the
     policy has LoRA adapters (models/lora.py): the optimisers hold and update only the adapters
     (and the critic's value head), the base weights pass through unchanged, and the KL
-    reference is the policy with its adapters switched off (no reference state)."""
+    reference is the policy with its adapters switched off (no reference state). `dropout`:
+    the adapters have dropout (`LoraConfig.has_dropout`): the actor's and critic's loss forwards
+    get PRNG keys (`optimise`), no other forward does."""
 
     policy_graph: Any
     critic_graph: Any
@@ -46,6 +48,7 @@ class Learner:
     temperature: float
     rows: Callable
     lora: bool = False
+    dropout: bool = False
 
     def trained(self, params):
         """(the part of a model's state the optimiser updates, a function from that part back
@@ -92,11 +95,12 @@ def advantages(learner: Learner, critic_state, batch: Batch, episode_reward, row
 
 
 def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, policy_opt, critic, critic_opt,
-             reference, batch: Batch, kept_rows, loss_scale, lr_factor):
+             reference, batch: Batch, kept_rows, loss_scale, lr_factor, dropout_key=None):
     """The optimiser steps over the kept rows (first in `batch`): `filter.update` decides how
     many and which window of rows each trains on (a window of `mini_batch_size` rows whose rows
     past the window's end are masked). Returns the new policy, its optimiser state, the new
-    critic and its optimiser state, the statistics summed over the steps, and the steps run."""
+    critic and its optimiser state, the statistics summed over the steps, and the steps run.
+    `dropout_key` (with `learner.dropout`): step i's actor folds in (i, 0), its critic (i, 1)."""
     algo, mb, total_rows = learner.algo, learner.algo.mini_batch_size, batch.loss_mask.shape[0]
     steps = filtering.update_steps(filter_config, kept_rows, total_rows, mb)
     zero_stats = {name: jnp.float32(0.0) for name in (*UPDATE_STATS, "update/micro_batches")}
@@ -111,9 +115,12 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, po
         # and every device computes the whole minibatch.
         mbatch = learner.rows(window.replace(loss_mask=window.loss_mask & in_step[:, None]))
         step_scale = filtering.step_loss_scale(filter_config, loss_scale, end - start, mb)
-        params, opt, stats = actor_step(learner, params, opt, reference, mbatch, step_scale, lr_factor)
+        key = fold(dropout_key, i)
+        params, opt, stats = actor_step(learner, params, opt, reference, mbatch, step_scale, lr_factor,
+                                        fold(key, 0))
         if algo.uses_critic:
-            critic, critic_opt, critic_stats = critic_step(learner, critic, critic_opt, mbatch, lr_factor)
+            critic, critic_opt, critic_stats = critic_step(learner, critic, critic_opt, mbatch, lr_factor,
+                                                           fold(key, 1))
             stats.update(critic_stats)
         totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
         return params, opt, critic, critic_opt, totals
@@ -124,19 +131,19 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, po
     return policy, policy_opt, critic, critic_opt, totals, iterations
 
 
-def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor):
+def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor, dropout_key=None):
     """One optimiser step of the policy on a minibatch: `losses.actor_loss` (the clipped policy
     loss times the filter's `scale`, minus the entropy bonus, plus the KL penalty to `reference`
-    when set)."""
+    when set). `dropout_key`: the LoRA dropout's (`accumulate` folds in each micro-batch), or None."""
     algo, temperature = learner.algo, learner.temperature
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
     token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
 
     train, whole = learner.trained(params)
 
-    def loss_fn(t, b: Batch):
+    def loss_fn(t, b: Batch, key):
         p = whole(t)
-        logp, entropy = policy_logprobs(nnx.merge(learner.policy_graph, p), b, temperature)
+        logp, entropy = policy_logprobs(nnx.merge(learner.policy_graph, p), b, temperature, key)
         ref_logp = None
         if algo.uses_reference:
             if learner.lora:  # the base model: the same weights, adapters off
@@ -150,37 +157,39 @@ def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, l
         approx_kl = jnp.sum(jnp.where(b.loss_mask, b.old_logprobs - logp, 0.0)) / token_count
         return total, {**terms, "actor/clip_frac": terms["actor/clip_frac"] * weight, "actor/approx_kl": approx_kl}
 
-    loss, aux, grads, micro_batches = accumulate(learner, loss_fn, train, mbatch)
+    loss, aux, grads, micro_batches = accumulate(learner, loss_fn, train, mbatch, dropout_key)
     updates, opt = learner.actor_tx.update(grads, opt, train)
     params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
     return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
                          "update/micro_batches": micro_batches.astype(jnp.float32)}
 
 
-def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor):
-    """One optimiser step of PPO's critic on a minibatch (clipped value loss, token mean)."""
+def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor, dropout_key=None):
+    """One optimiser step of PPO's critic on a minibatch (clipped value loss, token mean);
+    `dropout_key` as `actor_step`'s."""
     algo = learner.algo
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
 
     train, whole = learner.trained(params)
 
-    def loss_fn(t, b: Batch):
-        values = critic_values(nnx.merge(learner.critic_graph, whole(t)), b)
+    def loss_fn(t, b: Batch, key):
+        values = critic_values(nnx.merge(learner.critic_graph, whole(t)), b, key)
         loss = losses.value_loss(values, b.old_values, b.returns, b.loss_mask, clip=algo.value_clip,
                                  normaliser=normaliser)
         return loss, {}
 
-    loss, _, grads, _ = accumulate(learner, loss_fn, train, mbatch)
+    loss, _, grads, _ = accumulate(learner, loss_fn, train, mbatch, dropout_key)
     updates, opt = learner.critic_tx.update(grads, opt, train)
     params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
     return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
 
 
-def accumulate(learner: Learner, loss_fn, params, mbatch: Batch):
-    """Sum of (loss, aux, grads) over micro-batches, and how many ran; the losses use the
-    whole minibatch's normaliser, so the sum is the minibatch loss whatever the micro-batch
-    size. Kept rows come first, so the micro-batches after the last one with a loss token
-    hold only padding (the filter's dropped groups): their terms are exactly zero, and
+def accumulate(learner: Learner, loss_fn, params, mbatch: Batch, dropout_key=None):
+    """Sum of (loss, aux, grads) of `loss_fn(params, micro-batch, key)` over micro-batches,
+    and how many ran; micro-batch i's key is fold_in(dropout_key, i) (None without one). The
+    losses use the whole minibatch's normaliser, so the sum is the minibatch loss whatever the
+    micro-batch size. Kept rows come first, so the micro-batches after the last one with a loss
+    token hold only padding (the filter's dropped groups): their terms are exactly zero, and
     they are not run — with ~30 rows kept of a 64-row minibatch, half the work."""
     micro = learner.algo.micro_batch
     micro = jax.tree.map(lambda a: a.reshape((a.shape[0] // micro, micro) + a.shape[1:]), mbatch)
@@ -191,13 +200,19 @@ def accumulate(learner: Learner, loss_fn, params, mbatch: Batch):
 
     def body(i, acc):
         one = jax.tree.map(lambda a: a[i], micro)
-        (loss, aux), grads = grad_fn(params, learner.rows(one))  # each micro-batch over the whole mesh
+        # each micro-batch over the whole mesh
+        (loss, aux), grads = grad_fn(params, learner.rows(one), fold(dropout_key, i))
         return jax.tree.map(jnp.add, acc, (loss, aux, grads))
 
-    (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro))
+    (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro), dropout_key)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, aux, grads))
     loss, aux, grads = jax.lax.fori_loop(0, needed, body, zeros)
     return loss, aux, grads, needed
+
+
+def fold(key, data):
+    """jax.random.fold_in(key, data), or None without a key (no dropout)."""
+    return None if key is None else jax.random.fold_in(key, data)
 
 
 def scaled(updates, factor):

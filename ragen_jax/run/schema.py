@@ -91,7 +91,7 @@ class ModelSection:
     scan_layers: bool = _NUMERICS["scan_layers"]  # one layer's program scanned over stacked weights
     vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
     attention: str = _NUMERICS["attention"]  # einsum | xla | cudnn (jax.nn.dot_product_attention; cudnn: GPU only)
-    # low-rank adapters: model.lora.rank (0: off), alpha, dropout (0 only), targets (models/lora.py)
+    # low-rank adapters: model.lora.rank (0: off), alpha, dropout (update only), targets (models/lora.py)
     lora: LoraConfig = _NUMERICS["lora"]
 
     def __post_init__(self):

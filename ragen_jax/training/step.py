@@ -159,10 +159,12 @@ def update_step(setup: StepSetup, state: TrainState, traj: Trajectories, key: ja
     batch = update.advantages(learner, state.critic, batch, episode_reward, kept_rows, rcfg.group_size)
     lr_factor = lr_decay_factor(state.step, cfg.total_steps, cfg.algo.lr_decay_fraction)
 
-    # 5. optimiser steps over the kept rows (a loop whose trip count depends on how many were kept)
+    # 5. optimiser steps over the kept rows (a loop whose trip count depends on how many were kept);
+    # the LoRA dropout's key folded from the filter's, which stays as without dropout
+    dropout_key = jax.random.fold_in(key, 1) if learner.dropout else None
     policy, policy_opt, critic, critic_opt, totals, iterations = update.optimise(
         learner, cfg.filter, state.policy, state.policy_opt, state.critic, state.critic_opt, state.reference,
-        batch, kept_rows, loss_scale, lr_factor)
+        batch, kept_rows, loss_scale, lr_factor, dropout_key)
 
     metrics.update(update_metrics(cfg.algo, batch, totals, iterations, kept_rows, loss_scale, lr_factor))
     empty = keep.sum() == 0
@@ -292,7 +294,8 @@ class Trainer:
             policy_graph=nnx.graphdef(policy), critic_graph=critic_graph,
             actor_tx=optimizer(config.algo.actor_lr, config.algo),
             critic_tx=optimizer(config.algo.critic_lr, config.algo), algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
-            rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0)
+            rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0,
+            dropout=policy.cfg.lora.has_dropout)
         self.setup = StepSetup(config=config, env=env, env_params=env_params, learner=learner, mesh=mesh)
         self.step_fn = functools.partial(train_step, self.setup)
         self.compiled_step = self._compile(self.step_fn)

@@ -1,8 +1,10 @@
 """LoRA adapters (models/lora.py): config checks, the step-0 model equals its base bit for bit,
 the adapters switched off give the base, scanned = unrolled, merging (and transformers loading
-the merged export), peft's adapter layout, and loading a Hugging Face base with adapters."""
+the merged export), peft's adapter layout, loading a Hugging Face base with adapters, and the
+adapters' dropout (against a NumPy reference; off without a key; scanned = unrolled)."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +15,20 @@ from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM
 
 from ragen_jax.models import hf, lora
-from ragen_jax.models.cache import positions_from_mask
+from ragen_jax.models.cache import DecodeContext, init_cache, positions_from_mask
 from ragen_jax.models.config import LORA_TARGETS, DecoderConfig, LoraConfig
+from ragen_jax.models.cpu_tuning import CpuPath
 from ragen_jax.models.decoder import init_model
+from ragen_jax.models.layers import LayerInputs, Linear, dropout
 
 from hf_reference import hf_logits
 
 LORA = LoraConfig(rank=4, alpha=8.0)
 
 
-def logits(model, ids, mask):
+def logits(model, ids, mask, dropout_key=None):
     mask = jnp.asarray(mask)
-    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask)
+    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, dropout_key=dropout_key)
     return np.asarray(model.logits(hidden))
 
 
@@ -51,11 +55,20 @@ def trained(model, seed=1):
     (dict(rank=-1), "model.lora.rank=-1 must be an integer >= 0"),
     (dict(rank=4, targets="q_proj,qkv"), "unknown target 'qkv'"),
     (dict(rank=4, alpha=0.0), "model.lora.alpha=0.0 must be a finite number > 0"),
-    (dict(rank=4, dropout=0.1), "LoRA dropout is not implemented"),
+    (dict(rank=4, dropout=-0.1), "model.lora.dropout=-0.1 must be a number in [0, 1)"),
+    (dict(rank=4, dropout=1.0), "model.lora.dropout=1.0 must be a number in [0, 1)"),
 ])
 def test_bad_settings_are_one_line_errors(values, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
         LoraConfig(**values)
+    assert "\n" not in str(error.value)
+
+
+def test_dropout_below_one_is_accepted_and_exported_to_peft():
+    assert LoraConfig(rank=4, dropout=0.1).has_dropout
+    assert not LoraConfig(rank=0, dropout=0.1).has_dropout and not LoraConfig(rank=4).has_dropout
+    config = lora.peft_config(DecoderConfig.preset("tiny", lora=LoraConfig(rank=4, dropout=0.1)))
+    assert config["lora_dropout"] == 0.1
 
 
 def test_targets_by_name_or_all_linear():
@@ -177,3 +190,71 @@ def test_frozen_base_weights_are_kept_in_the_compute_dtype(batch, tmp_path):
     np.testing.assert_array_equal(merged.norm.weight[...], model.norm.weight[...].astype(jnp.float32))
     hf.save_pretrained(model, tmp_path)
     assert {x.dtype for x in load_file(tmp_path / "model.safetensors").values()} == {np.dtype(np.float32)}
+
+
+# ----------------------------------------------------------------------------- dropout
+
+DROPOUT = LoraConfig(rank=4, alpha=8.0, dropout=0.3)
+
+
+def test_dropout_of_one_projection_matches_numpy():
+    """x W + b + (alpha / rank) · ((x · mask / (1 − p)) A) B, the mask drawn by bernoulli(1 − p)
+    from the forward's key folded with the layer, then the projection's index in LORA_TARGETS."""
+    p, layer, name = 0.25, 2, "down_proj"
+    cfg = DecoderConfig.preset("tiny")
+    linear = Linear(cfg, nnx.Rngs(0), 64, 48, (None, None), bias=True)
+    rng = np.random.default_rng(0)
+    linear.bias.set_value(jnp.asarray(rng.normal(size=48), jnp.float32))
+    linear.add_adapter(jnp.asarray(rng.normal(size=(64, 4)), jnp.float32), 8.0, jnp.float32, p)
+    linear.lora_b.set_value(jnp.asarray(rng.normal(size=(4, 48)), jnp.float32))
+    x = rng.normal(size=(3, 5, 64)).astype(np.float32)
+    forward_key = jax.random.key(11)
+    inputs = LayerInputs(cos=None, sin=None, attn_mask=None, offset=0, query_block=128, cpu=CpuPath(),
+                         dropout_key=forward_key)
+    key = inputs.lora_key(layer, name)
+    mine = jax.random.fold_in(jax.random.fold_in(forward_key, layer), LORA_TARGETS.index(name))
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(mine))
+    mask = np.asarray(jax.random.bernoulli(mine, 1 - p, x.shape)).astype(np.float64)
+    assert 0 < mask.mean() < 1
+    w, b = (np.asarray(v[...], np.float64) for v in (linear.kernel, linear.bias))
+    a, bb = (np.asarray(v[...], np.float64) for v in (linear.lora_a, linear.lora_b))
+    want = x @ w + b + 2.0 * ((x * mask / (1 - p)) @ a) @ bb
+    np.testing.assert_allclose(np.asarray(linear(jnp.asarray(x), key)), want, rtol=1e-5, atol=1e-5)
+    plain = x @ w + b + 2.0 * (x @ a) @ bb  # no key: no dropout
+    np.testing.assert_allclose(np.asarray(linear(jnp.asarray(x))), plain, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_zeroes_a_fraction_p_and_keeps_the_mean():
+    """10^6 entries from a fixed key: the dropped fraction within 0.005 of p (> 7 standard
+    deviations), the kept entries scaled by 1 / (1 − p)."""
+    for p in (0.1, 0.5):
+        out = np.asarray(dropout(jnp.ones((1000, 1000), jnp.float32), jax.random.key(0), p))
+        kept = out != 0
+        assert abs(1 - kept.mean() - p) < 0.005, (p, kept.mean())
+        np.testing.assert_allclose(out[kept], 1 / (1 - p), rtol=1e-6)
+        assert abs(out.mean() - 1) < 0.01
+
+
+def test_model_dropout_needs_a_key_and_scanned_draws_the_unrolled_masks(batch):
+    """Without a key (or at p = 0) the forward is the model without dropout bit for bit; with
+    one the trained adapters' outputs change, the same key giving the same outputs, and a
+    scanned model draws layer l's masks as the unrolled layer l."""
+    plain = trained(init_model(DecoderConfig.preset("tiny", lora=LORA), jax.random.key(0)))
+    model = trained(init_model(DecoderConfig.preset("tiny", lora=DROPOUT), jax.random.key(0)))
+    want = logits(plain, *batch)
+    np.testing.assert_array_equal(logits(model, *batch), want)
+    key = jax.random.key(5)
+    np.testing.assert_array_equal(logits(plain, *batch, dropout_key=key), want)  # p = 0: the key unused
+    dropped = logits(model, *batch, dropout_key=key)
+    assert np.abs(dropped - want).max() > 1e-3
+    np.testing.assert_array_equal(logits(model, *batch, dropout_key=key), dropped)
+    assert np.abs(logits(model, *batch, dropout_key=jax.random.key(6)) - dropped).max() > 1e-3
+    scanned = init_model(DecoderConfig.preset("tiny", scan_layers=True, lora=DROPOUT), jax.random.key(0))
+    from ragen_jax.models.stacking import stack_layers
+
+    nnx.replace_by_pure_dict(state := nnx.state(scanned), stack_layers(nnx.to_pure_dict(nnx.state(model))))
+    nnx.update(scanned, state)
+    np.testing.assert_allclose(logits(scanned, *batch, dropout_key=key), dropped, rtol=1e-5, atol=1e-5)
+    ids, mask = (jnp.asarray(a) for a in batch)  # a forward into a KV cache (rollout) draws no masks
+    with pytest.raises(ValueError, match="without a KV cache"):
+        model(ids, positions_from_mask(mask), mask, DecodeContext(init_cache(model.cfg, 2, 9)), dropout_key=key)

@@ -1,7 +1,10 @@
 """LoRA in the jitted train step: only the adapters (and PPO's value head) train, the base
 weights pass through unchanged, the KL reference is the base (the adapters switched off), and
-a step-0 LoRA policy plays exactly as its base; scanned layers too."""
+a step-0 LoRA policy plays exactly as its base; scanned layers too. With adapter dropout the
+rollout is the same program and only the update's loss forwards draw masks."""
 
+import dataclasses
+import functools
 import json
 
 import jax
@@ -18,7 +21,7 @@ from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.run import checkpoint
 from ragen_jax.run.checkpoint import Checkpoints
-from ragen_jax.training.step import StepConfig, Trainer
+from ragen_jax.training.step import StepConfig, Trainer, play_rollout
 
 from agent_setup import text_parts
 
@@ -171,3 +174,31 @@ def test_lora_step_on_an_fsdp_mesh_matches_one_device(parts):
     assert np.corrcoef(moved(nnx.filter_state(want.policy, lora.LoRAParam)), moved(a))[0, 1] > 0.9
     for x, y in zip(leaves(want.policy, nnx.Not(lora.LoRAParam)), leaves(got.policy, nnx.Not(lora.LoRAParam))):
         np.testing.assert_array_equal(x, y)
+
+
+def test_lora_dropout_leaves_the_rollout_and_draws_masks_in_the_update_only(parts):
+    """model.lora.dropout = 0.5: the rollout (its tokens and old log-probs) is the program
+    without dropout; the PPO update still moves only the adapters and the critic's head, and
+    what it moves them to depends on the update's key: the masks (without dropout this update,
+    with no random filter, gives the same adapters for any key)."""
+    env, params, codec, prompt = parts
+    tr0, model = make(parts, DecoderConfig.preset("tiny", lora=LORA), "ppo")
+    tr, _ = make(parts, DecoderConfig.preset("tiny", lora=dataclasses.replace(LORA, dropout=0.5)), "ppo")
+    assert tr.setup.learner.dropout and not tr0.setup.learner.dropout
+    key = jax.random.key(3)
+    lowered = lambda t: jax.jit(functools.partial(play_rollout, t.setup)).lower(
+        nnx.state(model), key, codec, prompt).as_text()
+    assert lowered(tr) == lowered(tr0)
+    traj = tr.play_rollout(nnx.state(model), key, codec, prompt)
+    fresh = lambda: tr.init_state(jax.random.key(1), model)
+    base0 = leaves(fresh().policy, nnx.Not(lora.LoRAParam))
+    runs = [tr.update(fresh(), traj, jax.random.key(k))[0] for k in (1, 1, 2)]
+    for state in runs:
+        for before, after in zip(base0, leaves(state.policy, nnx.Not(lora.LoRAParam))):
+            np.testing.assert_array_equal(before, after)
+        assert all(np.abs(b).max() > 0 for b in leaves(state.policy, nnx.PathContains("lora_b")))
+    trained = lambda s, model: leaves(getattr(s, model), nnx.Any(lora.LoRAParam, nnx.PathContains("value_head")))
+    for part in ("policy", "critic"):
+        same = zip(trained(runs[0], part), trained(runs[1], part))
+        assert all(np.array_equal(a, b) for a, b in same), part  # the same key: the same masks
+        assert any(not np.allclose(a, b) for a, b in zip(trained(runs[0], part), trained(runs[2], part))), part

@@ -4,10 +4,13 @@
 # In order, each only if the time left (SECONDS in all, default 540) allows it:
 # 1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py), today's defaults;
 # 2. the same with cuDNN's fused attention (model.attention=cudnn);
-# 3. the sampler against transformers `generate` on the same card, same weights, bfloat16,
+# 3. step 1 with the rollout's, diagnostics' and validation's layers unrolled while training
+#    scans (model.unroll_inference=true);
+# 4. the sampler against transformers `generate` on the same card, same weights, bfloat16,
 #    batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound
-#    (our prefill with cuDNN attention when step 2 ran);
-# 4. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
+#    (our prefill with cuDNN attention when step 2 ran), then ours again with the layers
+#    unrolled (--unroll-inference), if the time left allows;
+# 5. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
 # then one table of the steps' compile time, step time and MFU side by side.
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]}
@@ -32,11 +35,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 check 0p5b 200 330
 attention=einsum
 check 0p5b_cudnn 200 330 --set model.attention=cudnn && attention=cudnn
-if [ "$(left)" -gt 100 ]; then
+check 0p5b_unrolled 200 330 --set model.unroll_inference=true
+# sample NAME [sampling_throughput flags]: the sampler against transformers, if 100 s are left
+sample() {
+  local name=$1
+  shift
+  if [ "$(left)" -le 100 ]; then echo "gpu_check: skipped $name ($(left)s left)"; return 1; fi
   timeout 150 python3 "$here/sampling_throughput.py" --models qwen2.5-0.5b --batch 128 --prompt 600 --new 120 \
     --repeats 3 --cpu-devices 1 --dtype bfloat16 --torch-device cuda --bandwidth-tbps "$bandwidth" \
-    --attention "$attention" 2>&1 | tee "$out/sampling.log"
-fi
+    --attention "$attention" "$@" 2>&1 | tee "$out/$name.log"
+}
+sample sampling
+sample sampling_unrolled --unroll-inference
 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 330
 python3 - "$out" <<'PY'
 import json, pathlib, sys

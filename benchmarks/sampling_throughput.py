@@ -1,11 +1,13 @@
 """Sampling throughput: generated tokens/s, ours vs transformers `generate` vs tunix's sampler.
 
-    python benchmarks/sampling_throughput.py [--models tiny small] [--tunix-python PY]
+    python benchmarks/sampling_throughput.py [--models tiny small] [--tunix-python PY] [--unroll-inference]
 
 Batch 64, prompt 128, 64 new tokens, temperature-1 sampling, no early stop (every engine
 generates exactly batch x new tokens). Same weights in all engines: ours are randomly
 initialised, exported with `save_pretrained` for transformers and copied into tunix's Qwen2.
-Compile time (first call minus a steady call) is reported apart from steady throughput.
+Compile time (first call minus a steady call) is reported apart from steady throughput. Ours
+samples with `for_inference(model)`, the copy the rollout samples with: `--unroll-inference`
+(`model.unroll_inference`) unrolls a scanned preset's layers there (the Qwen2.5 presets scan).
 
 Then both engines again, data-parallel over `--cpu-devices` workers (default: one per core):
 ours with `generate(mesh=...)` over that many jax CPU devices (a fresh process started with
@@ -44,6 +46,7 @@ from ragen_jax.core import sharding  # noqa: E402
 from ragen_jax.models import hf, sampling  # noqa: E402
 from ragen_jax.models.config import DecoderConfig  # noqa: E402
 from ragen_jax.models.decoder import init_model  # noqa: E402
+from ragen_jax.models.stacking import for_inference  # noqa: E402
 from ragen_jax.text.build_tokenizer import corpus  # noqa: E402
 
 
@@ -85,6 +88,7 @@ def bench_ours(model, ids, new, repeats, mesh=None):
     prompt, mask = jnp.asarray(ids), jnp.ones(ids.shape, bool)
     params = sampling.SamplingParams(temperature=1.0)
     keys = iter(jax.random.split(jax.random.key(0), repeats + 1))
+    model = for_inference(model)  # as the rollout runs it (unrolled with model.unroll_inference)
 
     def run():
         out = sampling.generate(model, prompt, mask, next(keys), max_new_tokens=new, params=params, mesh=mesh)
@@ -245,6 +249,7 @@ def engine_in_subprocess(python, engine, name, args, devices=None):
         env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), devices)
     cmd = [python, __file__, "--engine", engine, "--models", name, "--batch", str(args.batch),
            "--prompt", str(args.prompt), "--new", str(args.new), "--repeats", str(args.repeats)]
+    cmd += ["--unroll-inference"] if args.unroll_inference else []
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -273,6 +278,8 @@ def main(argv=None):
                         help="weights and compute dtype of both engines (default float32)")
     parser.add_argument("--attention", default="einsum", choices=["einsum", "xla", "cudnn"],
                         help="our model.attention (the prompt's prefill; decoding reads the cache) (default einsum)")
+    parser.add_argument("--unroll-inference", action="store_true",
+                        help="our model.unroll_inference: a scanned model's layers unrolled in the sampler")
     parser.add_argument("--torch-device", default="cpu", help="transformers' device: cpu (default) or cuda")
     parser.add_argument("--bandwidth-tbps", type=float, default=None,
                         help="the device's memory bandwidth: also print the decode's bandwidth bound")
@@ -287,7 +294,8 @@ def main(argv=None):
               f"({jax.devices()[0].device_kind}), jax {jax.__version__}; transformers on {args.torch_device}")
     for name in args.models:
         model = init_model(DecoderConfig.preset(name, dtype=args.dtype, param_dtype=args.dtype,
-                                                         attention=args.attention), jax.random.key(0))
+                                                         attention=args.attention,
+                                                         unroll_inference=args.unroll_inference), jax.random.key(0))
         if args.engine != "all":
             if args.engine == "transformers-part":
                 transformers_part(model, ids, args.new, args.part, args.parts)

@@ -35,7 +35,8 @@ REMAT_POLICIES = {
 # per-layer cache (the CPU decode path) always uses "einsum".
 ATTENTION = ("einsum", "xla", "cudnn")
 # The fields that say how a model computes rather than what it is: a run sets them on any shapes.
-NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "vocab_chunk", "attention", "lora")
+NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "unroll_inference", "vocab_chunk",
+            "attention", "lora")
 # The projections LoRA adapters may go on (`LoraConfig.targets`; "all-linear": every one of them).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -137,6 +138,12 @@ class DecoderConfig:
     # independent of depth), or a Python loop over `num_layers` blocks (on a CPU the tiny model
     # runs faster unrolled).
     scan_layers: bool = False
+    # With `scan_layers`: the programs that only run the model forward (rollout, diagnostics,
+    # validation: `stacking.for_inference`) run an unrolled copy of the layers, sliced from the
+    # stacked weights inside the program, while training keeps scanning: a decode step then
+    # runs the layers without a loop over them (on a GPU: no dynamic slices per layer, fusion
+    # across layers). Ignored without `scan_layers`.
+    unroll_inference: bool = False
     # Log-probabilities over the vocabulary this many entries at a time (0: all at once; see
     # `head.token_logprobs`): the f32 logits of a 152K vocabulary are what the loss would hold most of.
     vocab_chunk: int = 0

@@ -89,6 +89,8 @@ class ModelSection:
     remat: bool = _NUMERICS["remat"]  # rematerialise each layer, keeping what remat_policy names
     remat_policy: str = _NUMERICS["remat_policy"]  # full | minimal | dots
     scan_layers: bool = _NUMERICS["scan_layers"]  # one layer's program scanned over stacked weights
+    # with scan_layers: rollout, diagnostics and validation run the layers unrolled (training scans)
+    unroll_inference: bool = _NUMERICS["unroll_inference"]
     vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
     attention: str = _NUMERICS["attention"]  # einsum | xla | cudnn (jax.nn.dot_product_attention; cudnn: GPU only)
     # low-rank adapters: model.lora.rank (0: off), alpha, dropout (update only), targets (models/lora.py)

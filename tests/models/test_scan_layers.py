@@ -1,6 +1,7 @@
 """The scanned model (layers stacked, one block's program run by `lax.scan`) against
 transformers and against the per-layer model: logits, KV-cache decoding with holes, gradients
-under every remat policy, Hugging Face load/export and checkpoints across the two layouts."""
+under every remat policy, Hugging Face load/export and checkpoints across the two layouts; the
+forward-only programs on an unrolled copy of a scanned model (`model.unroll_inference`)."""
 
 import dataclasses
 
@@ -12,11 +13,12 @@ import torch
 from flax import nnx
 from transformers import Qwen2ForCausalLM
 
-from ragen_jax.models import hf, sampling
+from ragen_jax.models import hf, lora, sampling
 from ragen_jax.models.cache import positions_from_mask
-from ragen_jax.models.config import REMAT_POLICIES, DecoderConfig
+from ragen_jax.models.config import REMAT_POLICIES, DecoderConfig, LoraConfig
 from ragen_jax.models.decoder import init_model
-from ragen_jax.models.stacking import stack_layers, stacked_layout, unstack_layers
+from ragen_jax.models.layers import Linear
+from ragen_jax.models.stacking import for_inference, stack_layers, stacked_layout, unstack_layers
 
 from hf_reference import VOCAB, hf_logits
 
@@ -193,3 +195,127 @@ def test_a_checkpoint_restores_its_policy_into_either_layout(tmp_path, saved_sca
         want = nnx.state(init_model(other_cfg, jax.random.key(0)))
         for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ----------------------------------------------------------------------------- unrolled for inference
+
+
+def tiny_scanned(unroll: bool, adapters: bool = False):
+    """The scanned tiny model (`unroll_inference` as given); with `adapters`, LoRA adapters moved
+    off their start (B nonzero, as training leaves them)."""
+    cfg = DecoderConfig.preset("tiny", scan_layers=True, unroll_inference=unroll,
+                               lora=LoraConfig(rank=4, alpha=8.0) if adapters else LoraConfig())
+    model = init_model(cfg, jax.random.key(0))
+    if adapters:
+        leaves, tree = jax.tree.flatten(nnx.state(model, lora.LoRAParam))
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        nnx.update(model, jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape, x.dtype)
+                                                   for x, k in zip(leaves, keys)]))
+    return model
+
+
+def tiny_prompts():
+    rng = np.random.default_rng(5)
+    ids = jnp.asarray(rng.integers(3, 1024, size=(4, 10)), jnp.int32)
+    return ids, jnp.asarray(np.arange(10)[None] >= np.array([[0], [3], [0], [6]]))  # left padding
+
+
+def test_unroll_inference_off_changes_nothing():
+    """Off (the default): `for_inference` of a scanned model is the same graph and weights, so
+    the same programs and numbers as before the key existed."""
+    model = tiny_scanned(False)
+    copy = for_inference(model)
+    assert nnx.graphdef(copy) == nnx.graphdef(model) and copy.cfg.scan_layers
+    for a, b in zip(jax.tree.leaves(nnx.state(copy)), jax.tree.leaves(nnx.state(model))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids, mask = tiny_prompts()
+    run = lambda m: sampling.generate(m, ids, mask, jax.random.key(2), max_new_tokens=6, params=sampling.GREEDY)
+    a, b = run(copy), run(model)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_unrolled_copy_holds_the_stacked_weights_slices():
+    """Layer l's every weight (adapters included) is the stacked weight's [l] (NumPy indexing),
+    its partition spec the stacked one's without the layer axis; adapters switched off stay off."""
+    model = tiny_scanned(True, adapters=True)
+    copy = for_inference(model)
+    assert model.cfg.scan_layers and not copy.cfg.scan_layers and len(copy.layers) == 3
+    assert all(not block.self_attn.cfg.scan_layers for block in copy.layers)
+    stacked = nnx.to_flat_state(nnx.state(model.layers))
+    specs = nnx.to_flat_state(nnx.get_partition_spec(nnx.state(model.layers)))
+    assert any("lora_b" in path for path, _ in stacked)
+    for i, block in enumerate(copy.layers):
+        layer = dict(nnx.to_flat_state(nnx.state(block)))
+        layer_specs = dict(nnx.to_flat_state(nnx.get_partition_spec(nnx.state(block))))
+        assert len(layer) == len(stacked)
+        for (path, var), (_, spec) in zip(stacked, specs):
+            np.testing.assert_array_equal(np.asarray(layer[path][...]), np.asarray(var[...])[i])
+            assert tuple(layer_specs[path].get_value()) == tuple(spec.get_value())[1:]
+    off = for_inference(lora.adapters_off(tiny_scanned(True, adapters=True)))
+    linears = [node for _, node in nnx.iter_graph(off.layers) if isinstance(node, Linear)]
+    assert len(linears) == 21 and not any(node.adapted for node in linears)
+
+
+@pytest.mark.parametrize("adapters", [False, True])
+def test_unrolled_sampling_equals_the_scanned_models(adapters):
+    """`sampling.generate` on the unrolled copy: the scanned model's tokens (greedy and sampled
+    with a fixed key), log-probs within 1e-5 (float32); with trained LoRA adapters too."""
+    model = tiny_scanned(True, adapters)
+    copy = for_inference(model)
+    ids, mask = tiny_prompts()
+    for params in (sampling.GREEDY, sampling.SamplingParams(temperature=0.8)):
+        run = lambda m: sampling.generate(m, ids, mask, jax.random.key(3), max_new_tokens=8, params=params)
+        want, got = run(model), run(copy)
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+        np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
+        np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=TOL_UNROLLED)
+
+
+def test_unrolled_copy_keeps_the_layers_sharding_on_a_mesh():
+    """Traced under a mesh that splits the model, each layer's weights come out sharded as the
+    unrolled model declares them (the stacked spec without its layer axis)."""
+    from ragen_jax.core import sharding
+
+    mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
+    model = sharding.shard_model(tiny_scanned(True), mesh)
+    graph, state = nnx.split(model)
+    layers = jax.jit(lambda s: nnx.state(for_inference(nnx.merge(graph, s)).layers))
+    with sharding.tracing_on(mesh):
+        out = layers(state)
+    P = jax.sharding.PartitionSpec
+    assert out[1]["mlp"]["up_proj"]["kernel"][...].sharding.spec == P("fsdp", "tensor")
+    assert out[2]["self_attn"]["o_proj"]["kernel"][...].sharding.spec == P("tensor", "fsdp")
+    np.testing.assert_array_equal(np.asarray(out[2]["mlp"]["down_proj"]["kernel"][...]),
+                                  np.asarray(model.layers.mlp.down_proj.kernel[...])[2])
+
+
+def test_train_step_rollout_with_unrolled_inference_equals_the_scanned_one():
+    """The train step's rollout (`Trainer.play_rollout`, through `for_inference`) of a scanned
+    LoRA policy: the same tokens, masks and lengths with the layers unrolled as scanned, float
+    fields (log-probs) within 1e-5."""
+    from ragen_jax.rl.algorithms import AlgoConfig
+    from ragen_jax.rl.filtering import FilterConfig
+    from ragen_jax.rollout.play import RolloutConfig
+    from ragen_jax.training.step import StepConfig, Trainer
+
+    from agent_setup import text_parts
+
+    rollout = RolloutConfig(num_groups=2, group_size=2, max_turns=1, max_actions_per_turn=2,
+                            max_actions_per_traj=2, max_new_tokens=8)
+    env, params, _, codec, prompt = text_parts("SimpleSokoban", rollout.max_actions_per_turn)
+    config = StepConfig(rollout=rollout, filter=FilterConfig(strategy="none"),
+                        algo=AlgoConfig.preset("grpo", mini_batch_size=4))
+    trajectories = []
+    for unroll in (False, True):
+        model = tiny_scanned(unroll, adapters=True)
+        trainer = Trainer(config, model, env, params, codec, prompt)
+        trajectories.append(trainer.play_rollout(nnx.state(model), jax.random.key(7), codec, prompt))
+    want, got = trajectories
+    assert int(np.asarray(want.gen_lengths).sum()) > 0
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        a, b = np.asarray(a), np.asarray(b)
+        if np.issubdtype(b.dtype, np.floating):
+            np.testing.assert_allclose(a, b, atol=TOL_UNROLLED)
+        else:
+            np.testing.assert_array_equal(a, b)

@@ -4,11 +4,12 @@
 # In order, each only if the time left (SECONDS in all, default 540) allows it:
 # 1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py), today's defaults;
 # 2. the same with cuDNN's fused attention (model.attention=cudnn);
-# 3. the sampler against transformers `generate` on the same card, same weights, bfloat16,
+# 3. the same with the largest micro-batch the compiled memory analysis fits (algo.micro_batch_size=auto);
+# 4. the sampler against transformers `generate` on the same card, same weights, bfloat16,
 #    batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound
 #    (our prefill with cuDNN attention when step 2 ran);
-# 4. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
-# then one table of the steps' compile time, step time and MFU side by side.
+# 5. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
+# then one table of the steps' micro-batch, compile time, step time and MFU side by side.
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]}
 bandwidth=${2:-3.0}
@@ -32,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 check 0p5b 200 330
 attention=einsum
 check 0p5b_cudnn 200 330 --set model.attention=cudnn && attention=cudnn
+check 0p5b_auto 260 420 --set algo.micro_batch_size=auto  # the search compiles a few forward+backward passes first
 if [ "$(left)" -gt 100 ]; then
   timeout 150 python3 "$here/sampling_throughput.py" --models qwen2.5-0.5b --batch 128 --prompt 600 --new 120 \
     --repeats 3 --cpu-devices 1 --dtype bfloat16 --torch-device cuda --bandwidth-tbps "$bandwidth" \
@@ -41,10 +43,11 @@ XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 3
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 rows = [json.loads(p.read_text()) | {"name": p.stem[len("check_"):]} for p in sorted(pathlib.Path(sys.argv[1]).glob("check_*.json"))]
-print("| check | overrides | compile s | step s | step 1 s | MFU | peak GiB |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+print("| check | overrides | micro-batch | compile s | step s | step 1 s | MFU | peak GiB |\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-    print(f"| {r['name']} | {r.get('overrides', 'none')} | {r['compile_s']:.0f} | {r['step_s']:.2f} | {r['step1_s']:.2f} | "
-          f"{mfu} | {r['peak_memory_gib']:.1f} |")
+    print(f"| {r['name']} | {r.get('overrides', 'none')} | {r.get('micro_batch', '?')} | {r['compile_s']:.0f} | "
+          f"{r['step_s']:.2f} | {r['step1_s']:.2f} | {mfu} | {r['peak_memory_gib']:.1f} |")
 PY
 echo "gpu_check: done in ${SECONDS}s"

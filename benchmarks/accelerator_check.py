@@ -117,12 +117,15 @@ def main(argv=None) -> int:
     except (config_lib.ConfigError, ValueError) as err:
         parser.error(str(err).splitlines()[0])
     device = jax.devices()[0]
-    trainer = exp.trainer()
+    started = time.perf_counter()
+    trainer = exp.trainer()  # algo.micro_batch_size=auto: chosen here (compiles)
+    auto_s = time.perf_counter() - started
     layout = buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
     flops = planner.analytic_flops(exp.model.cfg, exp.run.step, layout)
     diagnostics_flops = planner.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)
     row = {"backend": jax.default_backend(), "device": device.device_kind, "model": exp.model.cfg.num_params(),
-           "overrides": " ".join(args.set) or "none"}
+           "overrides": " ".join(args.set) or "none", "micro_batch": trainer.config.algo.micro_batch,
+           "micro_batch_s": auto_s}
 
     state = trainer.init_state(jax.random.key(0), exp.model)
     started = time.perf_counter()
@@ -180,6 +183,7 @@ def table(row: dict) -> str:
         f"| backend / device | {row['backend']} / {row['device']} |",
         f"| model | {row['model'] / 1e9:.3f}B parameters, random weights |",
         f"| config overrides | {row['overrides']} |",
+        f"| micro-batch | {row['micro_batch']} rows (building the trainer: {row['micro_batch_s']:.1f} s) |",
         f"| whole step compile | {row['compile_s']:.1f} s |",
         f"| rollout alone | {row['rollout_s']:.2f} s, {row['rollout_tokens_per_s']:,.0f} generated tokens/s |",
         f"| train step (with diagnostics, step 1) | {row['step1_s']:.2f} s, MFU {mfu(row['mfu_step1'])} |",

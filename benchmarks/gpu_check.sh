@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one go, on one CUDA card, A/B of the efficiency keys:
-#   bash benchmarks/gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]
-# In order, each only if the time left (SECONDS in all, default 540) allows it:
-# 1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py), today's defaults;
-# 2. the same with cuDNN's fused attention (model.attention=cudnn);
-# 3. step 1 with the rollout's, diagnostics' and validation's layers unrolled while training
-#    scans (model.unroll_inference=true);
-# 4. the sampler against transformers `generate` on the same card, same weights, bfloat16,
-#    batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound
-#    (our prefill with cuDNN attention when step 2 ran), then ours again with the layers
-#    unrolled (--unroll-inference), if the time left allows;
-# 5. step 1 again with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
-# then one table of the steps' compile time, step time and MFU side by side.
+# The GPU figures of docs/benchmarks.md on one CUDA card, A/B of the efficiency keys, in two
+# parts that each fit one device call (a part's checks run only while its time allows):
+#   bash benchmarks/gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS] [PART]
+# PART 1 (the first call; SECONDS default 540):
+#   1. the real-size train step at Qwen2.5-0.5B's shapes (benchmarks/accelerator_check.py), today's defaults;
+#   2. the sampler against transformers `generate` on the same card, same weights, bfloat16,
+#      batch 128, a 600-token prompt, 120 new tokens, with the decode's memory-bandwidth bound,
+#      scanned, then with the layers unrolled (--unroll-inference);
+#   3. the step with cuDNN's fused attention (model.attention=cudnn).
+# PART 2 (a second call into the same OUT_DIR):
+#   4. the step with the rollout's, diagnostics' and validation's layers unrolled while training
+#      scans (model.unroll_inference=true);
+#   5. the step with the largest micro-batch the compiled memory analysis fits (algo.micro_batch_size=auto);
+#   6. the step with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time.
+# PART all runs both in order. Each part ends with one table of every check in OUT_DIR so far:
+# micro-batch, compile time, step time, MFU and peak memory side by side.
 set -u
-out=${1:?usage: gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS]}
+out=${1:?usage: gpu_check.sh OUT_DIR [BANDWIDTH_TBPS] [SECONDS] [PART: 1, 2 or all]}
 bandwidth=${2:-3.0}
 budget=${3:-540}
+part=${4:-all}
+case "$part" in 1|2|all) ;; *) echo "gpu_check: PART=$part must be 1, 2 or all" >&2; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,11 +36,6 @@ check() {
     | tee "$out/check_$name.log"
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/card.txt"
-check 0p5b 200 330
-attention=einsum
-check 0p5b_cudnn 200 330 --set model.attention=cudnn && attention=cudnn
-check 0p5b_unrolled 200 330 --set model.unroll_inference=true
 # sample NAME [sampling_throughput flags]: the sampler against transformers, if 100 s are left
 sample() {
   local name=$1
@@ -43,18 +43,29 @@ sample() {
   if [ "$(left)" -le 100 ]; then echo "gpu_check: skipped $name ($(left)s left)"; return 1; fi
   timeout 150 python3 "$here/sampling_throughput.py" --models qwen2.5-0.5b --batch 128 --prompt 600 --new 120 \
     --repeats 3 --cpu-devices 1 --dtype bfloat16 --torch-device cuda --bandwidth-tbps "$bandwidth" \
-    --attention "$attention" "$@" 2>&1 | tee "$out/$name.log"
+    --attention einsum "$@" 2>&1 | tee "$out/$name.log"
 }
-sample sampling
-sample sampling_unrolled --unroll-inference
-XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 330
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/card.txt"
+if [ "$part" != 2 ]; then
+  check 0p5b 200 330
+  sample sampling
+  sample sampling_unrolled --unroll-inference
+  check 0p5b_cudnn 200 330 --set model.attention=cudnn
+fi
+if [ "$part" != 1 ]; then
+  check 0p5b_unrolled 200 330 --set model.unroll_inference=true
+  check 0p5b_auto 260 420 --set algo.micro_batch_size=auto  # the search compiles a few forward+backward passes first
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 330
+fi
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 rows = [json.loads(p.read_text()) | {"name": p.stem[len("check_"):]} for p in sorted(pathlib.Path(sys.argv[1]).glob("check_*.json"))]
-print("| check | overrides | compile s | step s | step 1 s | MFU | peak GiB |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+print("| check | overrides | micro-batch | compile s | step s | step 1 s | MFU | peak GiB |\n"
+      "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-    print(f"| {r['name']} | {r.get('overrides', 'none')} | {r['compile_s']:.0f} | {r['step_s']:.2f} | {r['step1_s']:.2f} | "
-          f"{mfu} | {r['peak_memory_gib']:.1f} |")
+    print(f"| {r['name']} | {r.get('overrides', 'none')} | {r.get('micro_batch', '?')} | {r['compile_s']:.0f} | "
+          f"{r['step_s']:.2f} | {r['step1_s']:.2f} | {mfu} | {r['peak_memory_gib']:.1f} |")
 PY
 echo "gpu_check: done in ${SECONDS}s"

@@ -238,14 +238,9 @@ def _abstract(module, cfg):
 
 def _bytes(tree) -> int:
     """Bytes one device holds of a tree of ShapeDtypeStructs with shardings."""
-    import jax
-    import numpy as np
+    from ragen_jax.core.sharding import device_bytes
 
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) is not None else leaf.shape
-        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
-    return total
+    return device_bytes(tree)
 
 
 def _text_setup(run, cfg):
@@ -304,9 +299,11 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     """Build the train step of `config` abstractly on a `mesh_shape` mesh of the devices
     present (fake CPU devices from `main`) and measure it. `pieces`: which of the micro-batch
     forward+backward ("remat-on", "remat-off") and the decode step ("decode") to compile."""
+    from ragen_jax.models.decoder import Decoder
+
     cfg, name, mesh, trainer, layout = _abstract_trainer(config, mesh_shape, preset)
     step_config, algo = trainer.config, trainer.config.algo
-    state = _abstract_state(trainer, cfg, mesh)
+    state = trainer.abstract_state(_abstract(Decoder, cfg))  # weights and moments placed by the mesh's rules
     memory = {
         "parameters": _bytes(state.policy),
         "optimiser": _bytes(state.policy_opt),
@@ -362,50 +359,6 @@ def _abstract_trainer(config, mesh_shape, preset: str | None):
     env, env_params, codec, prompt = _text_setup(run, cfg)
     trainer = Trainer(run.step, _abstract(Decoder, cfg), env, env_params, codec, prompt, mesh)
     return cfg, name, mesh, trainer, buffer_layout(env, env_params, codec, prompt, run.step.rollout)
-
-
-def _abstract_state(trainer, cfg, mesh):
-    """The `TrainState` as `Trainer.init_state` makes it, as ShapeDtypeStructs carrying the
-    mesh's shardings: weights and optimiser moments by their rules, the rest replicated."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from ragen_jax.models.decoder import Decoder
-    from ragen_jax.models.value import ValueModel
-    from ragen_jax.core import sharding
-    from ragen_jax.training.step import TrainState
-
-    algo, rep = trainer.config.algo, sharding.replicated(mesh)
-
-    def placed(state):
-        shardings = sharding.module_shardings(state, mesh)
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
-
-    def optimiser(tx, params):  # as Trainer.init_state: moments sharded like their parameters
-        shardings = sharding.optimizer_shardings(tx, params, mesh)
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            jax.eval_shape(tx.init, params), shardings)
-
-    def replicate(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=rep), tree)
-
-    learner = trainer.setup.learner  # with LoRA the optimisers hold the adapters' moments only
-    policy = placed(nnx.state(_abstract(Decoder, cfg)))
-    critic = placed(nnx.state(_abstract(ValueModel, cfg))) if algo.uses_critic else None
-    diagnostics = None
-    if trainer.config.diagnostics is not None:
-        from ragen_jax.diagnostics.diagnose import DiagnosticsState
-
-        diagnostics = replicate(jax.eval_shape(DiagnosticsState.create))
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    return TrainState(
-        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
-        key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
-        policy=policy, policy_opt=optimiser(trainer.actor_tx, learner.opt_params(policy)),
-        critic=critic, critic_opt=None if critic is None else optimiser(trainer.critic_tx, learner.opt_params(critic)),
-        reference=policy if algo.uses_reference and not learner.lora else None,  # LoRA: the base, no copy
-        empty_streak=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), diagnostics=diagnostics)
 
 
 def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
@@ -487,13 +440,11 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     of the model unrolled (layers not scanned, the vocabulary in one piece); the memory is the
     piece's as configured."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.models import lora
     from ragen_jax.models.decoder import Decoder
-    from ragen_jax.rl.batch import Batch, policy_logprobs
     from ragen_jax.core import sharding
+    from ragen_jax.training import micro_batch
 
     devices = mesh.size
     rows = sharding.ROWS if micro % sharding.row_shards(mesh) == 0 else None
@@ -503,36 +454,18 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         spec = jax.sharding.PartitionSpec(rows if split_rows else None, *([None] * (len(shape) - 1)))
         return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
 
-    f32, i32 = jnp.float32, jnp.int32
-    mb = Batch(tokens=array((micro, s), i32), mask=array((micro, s), bool), query=array((micro, k), i32),
-               targets=array((micro, k), i32), loss_mask=array((micro, k), bool), old_logprobs=array((micro, k), f32),
-               rewards=array((micro, k), f32), advantages=array((micro, k), f32), returns=array((micro, k), f32),
-               old_values=array((micro, k), f32))
+    mb = micro_batch.micro_batch_inputs(micro, s, k, mesh)
     memory, flops = {}, {}
     unrolled = dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)
 
     def params_of(model_cfg):
         if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
             return policy
-        state = nnx.state(_abstract(Decoder, model_cfg))
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                            sharding.module_shardings(state, mesh))
+        return micro_batch.abstract_params(nnx.state(_abstract(Decoder, model_cfg)), mesh)
 
     def micro_batch_gradient(model_cfg):
-        graph = nnx.graphdef(_abstract(Decoder, model_cfg))
-        params = params_of(model_cfg)
-
-        def loss(params, b, frozen=None):
-            whole = params if frozen is None else lora.join(params, frozen)
-            logp, entropy = policy_logprobs(nnx.merge(graph, whole), b, 1.0)
-            return jnp.sum(jnp.where(b.loss_mask, b.advantages * logp + 0.001 * entropy, 0.0))
-
-        if model_cfg.lora.rank:  # LoRA: the gradients of the adapters only, the base weights an input
-            train, frozen = lora.split_trainable(params)
-            return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, train),
-                           keep_unused=True).lower(train, mb, frozen).compile()
-        return jax.jit(jax.grad(loss), out_shardings=jax.tree.map(lambda x: x.sharding, params),
-                       keep_unused=True).lower(params, mb).compile()
+        return micro_batch.compile_gradient(nnx.graphdef(_abstract(Decoder, model_cfg)), params_of(model_cfg), mb,
+                                            mesh, lora=model_cfg.lora.rank > 0)
 
     for remat in (True, False):
         if f"remat-{'on' if remat else 'off'}" not in which:

@@ -78,6 +78,18 @@ def any_process(flag: bool) -> bool:
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag)))).any())
 
 
+def smallest(value: int) -> int:
+    """The smallest of every process's `value` (a collective: every process must call it), so
+    that choices made from each process's own device agree."""
+    import jax
+
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.int32(value))).min())
+
+
 def to_host(tree):
     """NumPy copies of a pytree of arrays under any process count: fully addressable or
     replicated arrays are read locally; arrays sharded across processes are gathered from

@@ -82,6 +82,17 @@ def rows_indivisible(rollout_batch: int, mini_batch_size: int, shards: int) -> s
     return None
 
 
+def device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs: a leaf's shard where it
+    has a sharding, else the whole leaf."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        placed = getattr(leaf, "sharding", None)
+        shape = placed.shard_shape(leaf.shape) if placed is not None else leaf.shape
+        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

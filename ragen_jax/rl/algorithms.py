@@ -15,6 +15,7 @@ Shared defaults: actor lr 1e-6, critic lr 1e-5, entropy coefficient 0.001, KL co
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ import optax
 
 from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 
+AUTO = "auto"  # algo.micro_batch_size: the largest micro-batch that fits the device
 ALGORITHMS = ("ppo", "grpo", "drgrpo", "dapo")
 ADAM_MOMENTS = ("param", "bfloat16")
 ADVANTAGES = ("gae", "grpo", "drgrpo")
@@ -59,7 +61,11 @@ class AlgoConfig:
     lr_decay_fraction: float = 0.0  # the last part of the run over which both rates fall linearly to 0 (0: none)
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
-    micro_batch_size: int = 0  # trajectories per forward/backward (0, or >= the minibatch: all of it)
+    # trajectories per forward/backward (0, or >= the minibatch: all of it); "auto": the largest
+    # that the compiled memory analysis says fits the device, chosen once when the step is built
+    # (ragen_jax/training/micro_batch.py)
+    micro_batch_size: int | str = 0
+    micro_batch_memory_gib: float = 0.0  # the device memory "auto" fits into (0: the device's own limit)
     epochs: int = 1
 
     @classmethod
@@ -90,12 +96,16 @@ class AlgoConfig:
         if not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ValueError(f"algo.lr_decay_fraction={self.lr_decay_fraction} must be in [0, 1] "
                              "(the last part of the run's train steps; 0: no decay)")
-        if self.mini_batch_size < 1 or self.epochs < 1 or self.micro_batch_size < 0:
+        if self.mini_batch_size < 1 or self.epochs < 1:
             raise ValueError(
-                f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1 and "
-                f"algo.micro_batch_size={self.micro_batch_size} >= 0"
-            )
-        if self.mini_batch_size % self.micro_batch:
+                f"algo.mini_batch_size={self.mini_batch_size}, algo.epochs={self.epochs} must be >= 1")
+        micro = self.micro_batch_size
+        if micro != AUTO and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 0):
+            raise ValueError(f"algo.micro_batch_size={micro!r} must be an integer >= 0 or 'auto'")
+        if not (math.isfinite(self.micro_batch_memory_gib) and self.micro_batch_memory_gib >= 0):
+            raise ValueError(f"algo.micro_batch_memory_gib={self.micro_batch_memory_gib} must be >= 0 "
+                             "(GiB per device; 0: the device's own limit)")
+        if micro != AUTO and self.mini_batch_size % self.micro_batch:
             raise ValueError(
                 f"algo.micro_batch_size={self.micro_batch_size} must divide algo.mini_batch_size={self.mini_batch_size}"
             )
@@ -120,7 +130,10 @@ class AlgoConfig:
     def micro_batch(self) -> int:
         """Rows per forward/backward: `micro_batch_size`, or the whole minibatch when it is 0 or
         at least the minibatch (a config's micro-batches stay valid when a smaller minibatch is
-        set on the command line)."""
+        set on the command line). "auto" must have been resolved (`Trainer` does it)."""
+        if self.micro_batch_size == AUTO:
+            raise ValueError("algo.micro_batch_size='auto' is resolved when the train step is built "
+                             "(training.step.Trainer); this config has not been")
         return min(self.micro_batch_size, self.mini_batch_size) or self.mini_batch_size
 
     def check_batch(self, batch: int, group_size: int) -> None:

@@ -34,7 +34,8 @@ from ragen_jax.training.step import StepConfig
 # Keys that may change between a run and its resumption (they do not change the numbers).
 RESUMABLE_KEYS = ("train.steps", "train.resume", "train.log_every", "train.save_every", "train.keep_checkpoints",
                   "train.validate_at_start", "train.skip_damaged", "logging.tensorboard", "logging.wandb",
-                  "logging.wandb_project", "logging.progress")
+                  "logging.wandb_project", "logging.progress",
+                  "algo.micro_batch_memory_gib")  # only read to resolve an "auto" micro-batch, whose number is saved
 NONE_WORDS = ("None", "none", "null")  # how the command line unsets an optional key
 
 
@@ -43,10 +44,14 @@ def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _value_types(annotation) -> list[type]:
+    """The types a field holds when set: `int | None` -> [int]; `int | str` -> [int, str]."""
+    return [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+
+
 def _value_type(annotation) -> type:
     """The type a field holds when set: `int | None` -> int; `float` -> float."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
+    return _value_types(annotation)[0]
 
 
 def _is_optional(annotation) -> bool:
@@ -68,7 +73,10 @@ def config_dict(cls=Settings) -> ml_collections.ConfigDict:
             c[field.name] = config_dict(kind)
             continue
         default = _field_default(field)
-        c[field.name] = config_dict_lib.placeholder(_value_type(kind)) if default is None else default
+        if len(_value_types(kind)) > 1:  # `int | str`: a value of either type (the section checks it)
+            c[field.name] = config_dict_lib.FieldReference(default, field_type=object)
+        else:
+            c[field.name] = config_dict_lib.placeholder(_value_type(kind)) if default is None else default
     return c
 
 
@@ -163,6 +171,11 @@ def _parse(name: str, text: str, annotation) -> Any:
     kind, optional = _value_type(annotation), _is_optional(annotation)
     if optional and text in NONE_WORDS:
         return None
+    if str in _value_types(annotation) and kind is not str:  # `int | str`: a number, else the text
+        try:
+            return _parse(name, text, kind)
+        except ConfigError:
+            return text
     unset = " or None (unset)" if optional else ""
     if kind is bool:
         if text.lower() in ("true", "1", "yes"):
@@ -290,6 +303,16 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
     if problem:
         raise ConfigError(problem)
     return RunConfig(settings=settings, step=step, mesh_shape=(data, fsdp, tensor), values=values)
+
+
+def with_micro_batch(run: RunConfig, micro_batch_size: int) -> RunConfig:
+    """`run` with `algo.micro_batch_size` set to a number (an "auto" one resolved), in its
+    settings, its step config and the values config.json records."""
+    algo = dataclasses.replace(run.settings.algo, micro_batch_size=micro_batch_size)
+    values = copy.deepcopy(run.values)
+    values["algo"]["micro_batch_size"] = micro_batch_size
+    return dataclasses.replace(run, settings=dataclasses.replace(run.settings, algo=algo),
+                               step=dataclasses.replace(run.step, algo=algo), values=values)
 
 
 def model_options(config: ml_collections.ConfigDict) -> dict:

@@ -22,7 +22,7 @@ from ragen_jax.models.config import DecoderConfig
 from ragen_jax.models.decoder import Decoder, init_model
 from ragen_jax.core import distributed, sharding
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
-from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved
+from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved, with_micro_batch
 from ragen_jax.run.schema import ModelSection
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
@@ -41,7 +41,14 @@ class Experiment:
     mesh: jax.sharding.Mesh | None
 
     def trainer(self) -> Trainer:
-        return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+        """The run's `Trainer`. With algo.micro_batch_size="auto" building it chooses the number
+        (compiles, `training.micro_batch`), and `run` then holds that number, the one config.json
+        records."""
+        trainer = Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+        chosen = trainer.config.algo.micro_batch_size
+        if chosen != self.run.step.algo.micro_batch_size:
+            self.run = with_micro_batch(self.run, chosen)
+        return trainer
 
 
 def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:

@@ -48,6 +48,7 @@ from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import check_writable_dir, write_atomically
 from ragen_jax.diagnostics import reasoning_check
 from ragen_jax.diagnostics.collapse import AlarmLog
+from ragen_jax.rl.algorithms import AUTO
 from ragen_jax.run import config as config_lib
 from ragen_jax.run.checkpoint import CheckpointError, Checkpoints
 from ragen_jax.run.schema import EarlyStopSection
@@ -63,7 +64,7 @@ def check_workdir(workdir: Path, run: config_lib.RunConfig) -> None:
     (when resuming). Writes nothing."""
     check_writable_dir(workdir, "--workdir")
     saved_path = workdir / "config.json"
-    has_checkpoints = (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir())
+    has_checkpoints = _has_checkpoints(workdir)
     if saved_path.is_file():
         try:
             saved = json.loads(saved_path.read_text())
@@ -77,6 +78,26 @@ def check_workdir(workdir: Path, run: config_lib.RunConfig) -> None:
     if not run.settings.train.resume and has_checkpoints:
         raise ConfigError(f"workdir {workdir} already has checkpoints and train.resume=false would overwrite them; "
                           "use a new --workdir (or delete its checkpoints directory)")
+
+
+def _has_checkpoints(workdir: Path) -> bool:
+    return (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir())
+
+
+def keep_saved_micro_batch(workdir: Path, run: config_lib.RunConfig) -> config_lib.RunConfig:
+    """A run resumed with algo.micro_batch_size="auto" takes the number its config.json
+    recorded, the one its checkpoints were trained with, so it resumes bit for bit on any
+    device; a fresh run keeps "auto" (chosen when its `Trainer` is built)."""
+    if run.settings.algo.micro_batch_size != AUTO or not run.settings.train.resume or not _has_checkpoints(workdir):
+        return run
+    try:
+        saved = config_lib.read_saved(json.loads((workdir / "config.json").read_text()))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return run  # check_workdir says what is wrong with it
+    number = (saved.get("algo") or {}).get("micro_batch_size", 0)  # a config saved before the key: its default
+    if isinstance(number, bool) or not isinstance(number, int):
+        return run
+    return config_lib.with_micro_batch(run, number)
 
 
 def write_config(workdir: Path, run: config_lib.RunConfig) -> None:
@@ -242,10 +263,12 @@ def train(config, workdir: Path, devices=None) -> int:
     from ragen_jax.run.experiment import make_experiment
 
     run = config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
+    run = keep_saved_micro_batch(workdir, run)
     check_workdir(workdir, run)
     exp = make_experiment(run, devices)  # loads the model: bad paths fail before any write
     lead = distributed.is_lead()  # process 0 writes config, logs and messages
     trainer = exp.trainer()
+    run = exp.run  # an "auto" micro-batch is now a number: what config.json records
     train_settings = run.settings.train
     m = run.settings.model  # a LoRA run's checkpoints name the base they belong to
     checkpoints = Checkpoints(workdir, keep=train_settings.keep_checkpoints,

@@ -36,13 +36,15 @@ from ragen_jax.models.stacking import for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
 from ragen_jax.rl import advantages as adv
 from ragen_jax.rl import filtering, reward_noise, update
-from ragen_jax.rl.algorithms import AlgoConfig, lr_decay_factor, optimizer
+from ragen_jax.rl.algorithms import AUTO, AlgoConfig, lr_decay_factor, optimizer
 from ragen_jax.rl.batch import batch_from_trajectories
+from ragen_jax.rollout.layout import buffer_layout
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, rollout, rollout_on_mesh
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.core import sharding
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
+from ragen_jax.training import micro_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,25 +285,46 @@ class Trainer:
                  prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None):
         self.config, self.env, self.env_params, self.codec, self.prompt, self.mesh = (
             config, env, env_params, codec, prompt, mesh)
-        critic_graph = None
+        self._critic_shape = None  # the critic as ShapeDtypeStructs (PPO)
         if config.algo.uses_critic:
-            critic_graph = nnx.graphdef(nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0))))
+            self._critic_shape = nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0)))
         problem = sharding.rows_indivisible(config.rollout.batch, config.algo.mini_batch_size,
                                             sharding.row_shards(mesh))
         if problem:
             raise ValueError(problem)
         learner = update.Learner(
-            policy_graph=nnx.graphdef(policy), critic_graph=critic_graph,
+            policy_graph=nnx.graphdef(policy),
+            critic_graph=None if self._critic_shape is None else nnx.graphdef(self._critic_shape),
             actor_tx=optimizer(config.algo.actor_lr, config.algo),
             critic_tx=optimizer(config.algo.critic_lr, config.algo), algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
             rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0,
             dropout=policy.cfg.lora.has_dropout)
+        if config.algo.micro_batch_size == AUTO:  # chosen now, once: the step compiles with a number
+            config = self._resolve_micro_batch(config, learner, policy)
+            learner = dataclasses.replace(learner, algo=config.algo)
+            self.config = config
         self.setup = StepSetup(config=config, env=env, env_params=env_params, learner=learner, mesh=mesh)
         self.step_fn = functools.partial(train_step, self.setup)
         self.compiled_step = self._compile(self.step_fn)
         self.step = lambda state: self.compiled_step(state, self.codec, self.prompt)
         self.update = self._compile(functools.partial(update_step, self.setup))
         self._rollout = jax.jit(functools.partial(play_rollout, self.setup))
+
+    def _resolve_micro_batch(self, config: StepConfig, learner: update.Learner, policy: Decoder) -> StepConfig:
+        """`config` with algo.micro_batch_size="auto" replaced by the largest micro-batch that fits
+        the device beside the train state (`micro_batch.resolve`)."""
+        layout = buffer_layout(self.env, self.env_params, self.codec, self.prompt, config.rollout)
+        state = abstract_state(config, learner, policy, self._critic_shape, self.mesh)
+        resident = sharding.device_bytes((state.policy, state.policy_opt, state.critic, state.critic_opt,
+                                          state.reference))
+        algo = micro_batch.resolve(config.algo, policy, layout.length, layout.turns * layout.generation, self.mesh,
+                                   resident)
+        return dataclasses.replace(config, algo=algo)
+
+    def abstract_state(self, policy: Decoder) -> TrainState:
+        """What `init_state(key, policy)` makes, as ShapeDtypeStructs carrying its shardings
+        (`policy` abstract or real; nothing allocated)."""
+        return abstract_state(self.config, self.setup.learner, policy, self._critic_shape, self.mesh)
 
     @property
     def policy_graph(self):
@@ -379,6 +402,39 @@ class Trainer:
                 return compiled.jitted(state, *args)
 
         return compiled
+
+
+def abstract_state(config: StepConfig, learner: update.Learner, policy: Decoder, critic, mesh) -> TrainState:
+    """The state `Trainer.init_state` makes from `policy` (abstract or real), as ShapeDtypeStructs
+    carrying its shardings: weights and optimiser moments by their rules, the rest replicated.
+    `critic`: the critic model as ShapeDtypeStructs (PPO), or None. What the planner measures and
+    an "auto" micro-batch counts as resident."""
+    algo, rep = config.algo, None if mesh is None else sharding.replicated(mesh)
+
+    def optimiser(tx, params):  # as init_state: moments sharded like their parameters
+        shapes = jax.eval_shape(tx.init, params)
+        if mesh is None:
+            return shapes
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                            sharding.optimizer_shardings(tx, params, mesh))
+
+    def scalar(like):
+        return jax.ShapeDtypeStruct(jnp.shape(like), jnp.result_type(like), sharding=rep)
+
+    weights = micro_batch.abstract_params(nnx.state(policy), mesh)
+    critic_state = None if critic is None else micro_batch.abstract_params(nnx.state(critic), mesh)
+    diagnostics = None
+    if config.diagnostics is not None:
+        from ragen_jax.diagnostics.diagnose import DiagnosticsState
+
+        diagnostics = jax.tree.map(scalar, jax.eval_shape(DiagnosticsState.create))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return TrainState(
+        step=scalar(jnp.int32(0)), key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep), policy=weights,
+        policy_opt=optimiser(learner.actor_tx, learner.opt_params(weights)), critic=critic_state,
+        critic_opt=None if critic is None else optimiser(learner.critic_tx, learner.opt_params(critic_state)),
+        reference=weights if algo.uses_reference and not learner.lora else None,  # LoRA: the base, no copy
+        empty_streak=scalar(jnp.int32(0)), diagnostics=diagnostics)
 
 
 def rollout_metrics(traj: Trajectories) -> dict[str, jax.Array]:

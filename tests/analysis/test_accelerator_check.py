@@ -28,6 +28,7 @@ def test_tiny_check_prints_every_figure(tmp_path, capsys):
     assert row["backend"] == "cpu" and row["compile_s"] > 0 and row["overrides"] == "model.attention=xla"
     assert row["rollout_tokens_per_s"] > 0 and row["step_s"] > 0 and row["step1_s"] > 0
     assert row["kept_rows"] == 8  # every group updated
+    assert row["micro_batch"] == 4 and "micro-batch | 4 rows" in printed  # the tiny check's own number
     assert 0 < row["mfu"] and np.isfinite(row["mfu"])
     assert row["memory_source"] == "compiled analysis" and row["peak_memory_gib"] > 0
     assert row["logits_max_abs_diff"] <= 1e-4  # float32 compute on the CPU: the same forward

@@ -16,6 +16,8 @@ from ragen_jax.rl.batch import batch_from_trajectories, policy_logprobs, previou
 from ragen_jax.rl.filtering import FilterConfig
 from ragen_jax.rollout.play import RolloutConfig, rollout
 from ragen_jax.rollout.policies import model_policy
+from ragen_jax.core.sharding import device_bytes
+from ragen_jax.training import micro_batch
 from ragen_jax.training.step import StepConfig, Trainer
 
 from agent_setup import text_parts, tiny_model
@@ -279,6 +281,28 @@ def test_micro_batches_of_padding_only_are_skipped(setup, trajectories):
     np.testing.assert_allclose(params_of(a), params_of(b), atol=5e-5)
     for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):  # the GRPO loss is ~1e-7 here
         np.testing.assert_allclose(float(ma[name]), float(mb[name]), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_an_auto_micro_batch_updates_as_its_number_set_by_hand(setup, trajectories):
+    """"auto" given the room for micro-batches of 4 (their compiled forward+backward beside the
+    train state) chooses 4, and its update is bitwise the one with 4 set by hand."""
+    model = setup[-1]
+    layout = trajectories.layout
+    batch = micro_batch.micro_batch_inputs(4, layout.length, layout.turns * layout.generation, None)
+    stats = micro_batch.compile_gradient(nnx.graphdef(model), micro_batch.abstract_params(nnx.state(model), None),
+                                         batch, None).memory_analysis()
+    four = stats.temp_size_in_bytes + 2 * stats.output_size_in_bytes + device_bytes(batch)
+    hand = trainer(setup, name="grpo", mini_batch_size=16, micro_batch_size=4)
+    s = hand.abstract_state(model)
+    room = device_bytes((s.policy, s.policy_opt, s.critic, s.critic_opt, s.reference)) + four + 16
+    auto = trainer(setup, name="grpo", mini_batch_size=16, micro_batch_size="auto",
+                   micro_batch_memory_gib=room / micro_batch.SAFETY / 2 ** 30)
+    assert auto.config.algo.micro_batch_size == 4
+    a, ma = hand.update(hand.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    b, mb = auto.update(auto.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+    np.testing.assert_array_equal(params_of(a), params_of(b))
+    assert {k: float(v) for k, v in ma.items()} == {k: float(v) for k, v in mb.items()}
+    assert float(mb["update/micro_batches"]) == 2  # the kept 8 rows in micro-batches of 4
 
 
 # ----------------------------------------------------------------------------- the paper's update after filtering

@@ -534,28 +534,40 @@ def test_bfloat16_adam_moments_follow_a_numpy_adamw_that_rounds_them():
 # ----------------------------------------------------------------------------- diagnostics wiring
 
 
-def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
-    """MI metrics are computed at steps 1, 2, 4 (compute_freq 2) and NaN in between; the
-    diagnostics state (EMA, alarm) is carried in the train state."""
+def test_diagnostics_and_gradient_analysis_run_at_step_one_and_every_compute_freq_steps(setup):
+    """MI metrics and the gradient analysis's per-bucket task/regularisation norms (grad_buckets
+    > 0) are computed at steps 1, 2, 4 (compute_freq 2) and NaN in between; the diagnostics state
+    (EMA, alarm) is carried in the train state; weights committed to a device (as a warm start or
+    a Hugging Face load leaves them) reuse the first step's compilation; on a data-only mesh the
+    same MI metrics. The gradient numbers themselves: tests/diagnostics/test_grad_analysis.py."""
     from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState
 
     env, params, codec, prompt, model = setup
     small = dataclasses.replace(ROLLOUT, num_groups=2, max_turns=1, max_new_tokens=8)
     config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
-                        algo=AlgoConfig.preset("grpo", mini_batch_size=4),
+                        algo=AlgoConfig.preset("grpo", mini_batch_size=4, entropy_coef=0.01), grad_buckets=2,
                         diagnostics=DiagnosticsConfig(compute_freq=2, num_samples=4, per_turn_samples=2))
     tr = Trainer(config, model, env, params, codec, prompt)
-    state = tr.init_state(jax.random.key(0), model)
+    warm = nnx.clone(model)
+    nnx.update(warm, jax.device_put(nnx.state(warm), jax.devices()[0]))
+    state = tr.init_state(jax.random.key(0), warm)
     assert isinstance(state.diagnostics, DiagnosticsState)
+    names = [f"grad/bucket{b}/{m}" for b in range(2) for m in ("task_norm", "reg_norm", "groups")]
     computed, first = [], None
-    for _ in range(4):
+    for step in range(1, 5):
         state, metrics = tr.step(state)
         mi = [float(v) for k, v in metrics.items() if k.startswith("mi/")]
         assert mi and (all(np.isfinite(mi)) or all(np.isnan(mi)))
         computed.append(bool(np.isfinite(mi[0])))
         assert np.isfinite(float(metrics["rollout/success"]))
-        first = first or {k: float(v) for k, v in metrics.items() if k.startswith("mi/")}
+        grads = [float(metrics[n]) for n in names]
+        assert all(np.isfinite(grads)) if computed[-1] else all(np.isnan(grads)), (step, grads)
+        if step == 1:
+            first = {k: float(v) for k, v in metrics.items() if k.startswith("mi/")}
+            assert float(metrics["grad/bucket0/groups"]) + float(metrics["grad/bucket1/groups"]) == 2
+            assert float(metrics["grad/bucket0/reg_norm"]) > 0
     assert computed == [True, True, False, True]
+    assert tr.compiled_step._cache_size() == 1
     # on a data-only mesh each device scores its own rows inside the step: the same metrics
     from ragen_jax.core import sharding
 
@@ -563,26 +575,3 @@ def test_diagnostics_run_at_step_one_and_every_compute_freq_steps(setup):
     _, metrics = on_mesh.step(on_mesh.init_state(jax.random.key(0), model))
     for name, value in first.items():
         np.testing.assert_allclose(float(metrics[name]), value, rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-def test_gradient_analysis_runs_in_the_step_on_the_diagnostics_schedule(setup):
-    """grad_buckets > 0 adds per-bucket task/regularisation norms at step 1 (NaN otherwise);
-    the numbers themselves are tested in tests/diagnostics/test_grad_analysis.py."""
-    env, params, codec, prompt, model = setup
-    small = dataclasses.replace(ROLLOUT, max_turns=1, max_new_tokens=8)
-    config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
-                        algo=AlgoConfig.preset("ppo", mini_batch_size=4), grad_buckets=2)
-    tr = Trainer(config, model, env, params, codec, prompt)
-    # Weights committed to a device, as a warm start or a Hugging Face load leaves them: the
-    # second step must reuse the first step's compilation.
-    warm = nnx.clone(model)
-    nnx.update(warm, jax.device_put(nnx.state(warm), jax.devices()[0]))
-    state = tr.init_state(jax.random.key(0), warm)
-    state, first = tr.step(state)
-    state, second = tr.step(state)
-    assert tr.compiled_step._cache_size() == 1
-    names = [f"grad/bucket{b}/{m}" for b in range(2) for m in ("task_norm", "reg_norm", "groups")]
-    assert all(np.isfinite(float(first[n])) for n in names)
-    assert float(first["grad/bucket0/groups"]) + float(first["grad/bucket1/groups"]) == 4
-    assert float(first["grad/bucket0/reg_norm"]) > 0
-    assert all(np.isnan(float(second[n])) for n in names)

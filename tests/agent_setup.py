@@ -26,6 +26,13 @@ def tiny_model(seed: int = 0):
     return init_model(DecoderConfig.preset("tiny"), jax.random.key(seed))
 
 
+def step_parts(max_actions_per_turn: int):
+    """What a SimpleSokoban `Trainer` takes besides its config: (env, env params, codec, prompt
+    template, the tiny model of seed 0)."""
+    env, params, _, codec, prompt = text_parts("SimpleSokoban", max_actions_per_turn)
+    return env, params, codec, prompt, tiny_model(0)
+
+
 def scripted_texts(tok, texts, config):
     """texts[b][t] (the policy's text for row b, turn t) -> token arrays [B, T, max_new_tokens]
     and lengths [B, T] for a `ScriptedPolicy` under the rollout `config`."""

@@ -13,7 +13,7 @@ from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.core import sharding
 from ragen_jax.training.step import StepConfig, Trainer
 
-from agent_setup import text_parts, tiny_model
+from agent_setup import step_parts
 
 ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                         max_new_tokens=12)
@@ -27,8 +27,7 @@ CONFIG = StepConfig(rollout=ROLLOUT, filter=FilterConfig(strategy="none"),
 
 @pytest.fixture(scope="module")
 def parts():
-    env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
-    return env, params, codec, prompt, tiny_model(0)
+    return step_parts(ROLLOUT.max_actions_per_turn)
 
 
 def trainer_for(parts, mesh):

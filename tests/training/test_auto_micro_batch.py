@@ -19,7 +19,7 @@ from ragen_jax.run.experiment import make_experiment
 from ragen_jax.training import micro_batch
 from ragen_jax.training.step import StepConfig, Trainer
 
-from agent_setup import text_parts, tiny_model
+from agent_setup import step_parts
 from commands import CONFIG, SMALL
 
 ROLLOUT = RolloutConfig(num_groups=2, group_size=4, max_turns=1, max_actions_per_turn=2, max_actions_per_traj=2,
@@ -28,8 +28,7 @@ ROLLOUT = RolloutConfig(num_groups=2, group_size=4, max_turns=1, max_actions_per
 
 @pytest.fixture(scope="module")
 def parts():
-    env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
-    return env, params, codec, prompt, tiny_model(0)
+    return step_parts(ROLLOUT.max_actions_per_turn)
 
 
 def auto_trainer(parts, gib):

@@ -20,7 +20,7 @@ from ragen_jax.core.sharding import device_bytes
 from ragen_jax.training import micro_batch
 from ragen_jax.training.step import StepConfig, Trainer
 
-from agent_setup import text_parts, tiny_model
+from agent_setup import step_parts, tiny_model
 
 ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                         max_new_tokens=16)
@@ -29,8 +29,7 @@ FILTER = FilterConfig(update="fewer_steps")
 
 @pytest.fixture(scope="module")
 def setup():
-    env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
-    return env, params, codec, prompt, tiny_model(0)
+    return step_parts(ROLLOUT.max_actions_per_turn)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,14 @@ def param(rngs: nnx.Rngs | None, shape, cfg: DecoderConfig, spec, init: str = "n
     return nnx.Param(value.astype(dtype), out_sharding=spec, eager_sharding=False)
 
 
+def set_config(model: nnx.Module, cfg: DecoderConfig) -> None:
+    """Give every module of `model` that holds a `DecoderConfig` (the model and its layers) `cfg`,
+    in place: what reads `.cfg` then follows (adapters added, layers unrolled)."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module) and isinstance(getattr(node, "cfg", None), DecoderConfig):
+            node.cfg = cfg
+
+
 def remat(cfg: DecoderConfig, fn, **options):
     """fn rematerialised in the backward pass, keeping what `cfg.remat_policy` names, when
     `cfg.remat`; else fn. `options` go to `jax.checkpoint`."""

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.models.config import LORA_TARGETS, DecoderConfig, LoraConfig
-from ragen_jax.models.layers import Linear, LoRAParam
+from ragen_jax.models.layers import Linear, LoRAParam, set_config
 
 __all__ = ["LoRAParam", "add_adapters", "adapters_off", "adapted", "merged", "trainable", "split_trainable",
            "join", "peft_tensors", "peft_config"]
@@ -55,11 +55,7 @@ def add_adapters(model, key: jax.Array, lora: LoraConfig | None = None) -> None:
     place; with a `lora` given, the model's config (and its layers') becomes that one. Layer l's
     projection `name` draws its A from fold_in(fold_in(key, l), index of name)."""
     if lora is not None:
-        cfg = dataclasses.replace(model.cfg, lora=lora)
-        old = model.cfg
-        for _, node in nnx.iter_graph(model):
-            if isinstance(node, nnx.Module) and getattr(node, "cfg", None) is old:
-                node.cfg = cfg
+        set_config(model, dataclasses.replace(model.cfg, lora=lora))
     lora = model.cfg.lora
     if not lora.rank:
         return

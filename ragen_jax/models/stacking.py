@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.core.sharding import fit_spec, traced_model_shards
-from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.layers import set_config
 
 if TYPE_CHECKING:
     from ragen_jax.models.decoder import Decoder
@@ -81,11 +81,8 @@ def unroll(model: Decoder) -> Decoder:
     so what reads `model.cfg` follows: the forward's Python loop over the layers, the KV caches
     `init_cache(model.cfg, ...)` allocates and the sampler's per-layer decode cache. The
     numbers are the scanned model's, up to the reduction order of the unrolled code paths."""
-    cfg = dataclasses.replace(model.cfg, scan_layers=False)
-    model.layers = nnx.List(unstack_blocks(model.layers, cfg.num_layers))
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, nnx.Module) and isinstance(getattr(node, "cfg", None), DecoderConfig):
-            node.cfg = cfg
+    model.layers = nnx.List(unstack_blocks(model.layers, model.cfg.num_layers))
+    set_config(model, dataclasses.replace(model.cfg, scan_layers=False))
     return model
 
 

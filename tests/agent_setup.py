@@ -22,15 +22,23 @@ def text_parts(env_name: str = "SimpleSokoban", max_actions_per_turn: int = 2, *
             PromptTemplate.build(tok, env, max_actions_per_turn))
 
 
-def tiny_model(seed: int = 0):
-    return init_model(DecoderConfig.preset("tiny"), jax.random.key(seed))
+# Tests that roll out or train the tiny model from random weights give it two layers instead of
+# three: still more than one (per-layer caches, sharding rules and adapters see a layer index),
+# and a third faster to compile and to run. The shipped warm starts keep all three.
+TEST_LAYERS = 2
+
+
+def tiny_model(seed: int = 0, layers: int | None = None):
+    """The built-in tiny model (random weights of `seed`); `layers` instead of its 3 if given."""
+    cfg = DecoderConfig.preset("tiny", **({} if layers is None else {"num_layers": layers}))
+    return init_model(cfg, jax.random.key(seed))
 
 
 def step_parts(max_actions_per_turn: int):
     """What a SimpleSokoban `Trainer` takes besides its config: (env, env params, codec, prompt
-    template, the tiny model of seed 0)."""
+    template, the tiny model of seed 0 with TEST_LAYERS layers)."""
     env, params, _, codec, prompt = text_parts("SimpleSokoban", max_actions_per_turn)
-    return env, params, codec, prompt, tiny_model(0)
+    return env, params, codec, prompt, tiny_model(0, TEST_LAYERS)
 
 
 def scripted_texts(tok, texts, config):

@@ -1,4 +1,4 @@
-"""The commands: exact resume after a hard kill, SIGTERM, evaluate, export, plot of a run,
+"""The commands: SIGTERM and an exact resume, evaluate, export, plot of a run,
 and one clear line + exit code 2 for every kind of bad input."""
 
 import json
@@ -16,7 +16,7 @@ from ragen_jax.cli import evaluate, export, train
 from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.run import loop
 
-from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records, start
+from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
 
@@ -38,17 +38,25 @@ def full_run(full_run_output):
     return full_run_output[0]
 
 
-def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
+def test_sigterm_writes_a_checkpoint_exits_143_and_the_run_resumes_exactly(full_run, tmp_path):
+    """SIGTERM mid-run: a checkpoint of the last finished step, exit 143; the same command then
+    resumes and ends bitwise where an uninterrupted run ends, validations included. (SIGKILL at
+    random points, while writing a checkpoint too: tests/cli/test_faults.py.)"""
     args = ["--config", CONFIG, "--workdir", str(tmp_path), "--config.train.steps=6", "--config.train.save_every=3",
             *SMALL]
-    # SIGKILL once step 3's checkpoint is complete (its file list written, during step 4 or 5)
-    proc = start("ragen_jax.train", *args)
-    done = tmp_path / "checkpoints" / "3" / "files.json"
-    while proc.poll() is None and not done.exists():
-        time.sleep(0.002)
-    proc.kill()
-    assert proc.wait() == -signal.SIGKILL
-    assert [r["step"] for r in records(tmp_path)][:4] == [0, 1, 2, 3]
+    proc = subprocess.Popen([sys.executable, "-m", "ragen_jax.train", *args], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "SIGTERM" in stderr
+    last = records(tmp_path)[-1]["step"]
+    assert 1 <= last < 6
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())[-1] == last
     resumed = command("ragen_jax.train", *args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr
@@ -57,23 +65,6 @@ def test_resume_after_a_hard_kill_continues_exactly(full_run, tmp_path):
     assert same_records(want, got)  # bitwise: same floats, same keys (val/ at steps 0, 3 and 6 included)
     assert "val/success" in got[3] and "actor/pg_loss" in got[6]
     assert {k for k in got[0] if k != "step"} == {k for k in got[3] if k.startswith("val/")}
-
-
-def test_sigterm_writes_a_checkpoint_and_exits_143(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "ragen_jax.train", "--config", CONFIG, "--workdir", str(tmp_path),
-                             *SMALL, "--config.train.steps=100000", "--config.train.save_every=100000",
-                             "--config.train.val_every=0"],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 143, stderr[-2000:]
-    last = records(tmp_path)[-1]["step"]
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [last]
-    assert "SIGTERM" in stderr
 
 
 def test_ctrl_c_ends_with_one_line_and_exit_130(monkeypatch, capsys, tmp_path):

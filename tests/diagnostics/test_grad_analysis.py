@@ -28,6 +28,8 @@ from ragen_jax.rollout.policies import model_policy
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
+from agent_setup import TEST_LAYERS
+
 GROUPS, MEMBERS = 6, 4
 ROLLOUT = RolloutConfig(num_groups=GROUPS, group_size=MEMBERS, max_turns=1, max_actions_per_turn=2,
                         max_actions_per_traj=2, max_new_tokens=12)
@@ -121,8 +123,8 @@ def setup():
     tok = hf.load_tokenizer()
     codec = TextCodec.build(tok, env, ROLLOUT.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, ROLLOUT.max_actions_per_turn)
-    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
-    reference = init_model(DecoderConfig.preset("tiny"), jax.random.key(1))  # differs: KL has a gradient
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(0))
+    reference = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(1))  # differs: KL has a gradient
     return env, params, codec, prompt, model, reference
 
 

@@ -22,8 +22,8 @@ def test_xla_attention_matches_transformers(hf_models):
     torch_model, path = hf_models["untied"]
     model = hf.load_pretrained(path, attention="xla")
     ids, mask = long_batch()
-    hidden, _ = model(jnp.asarray(ids), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))
-    got = np.asarray(model.logits(hidden))
+    forward = nnx.jit(lambda m, ids, mask: m.logits(m(ids, positions_from_mask(mask), mask)[0]))
+    got = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(mask)))
     ref = hf_logits(torch_model, ids, mask, np.maximum(np.cumsum(mask, -1) - 1, 0))
     assert np.abs(got - ref)[mask].max() <= 1e-4
 
@@ -42,13 +42,14 @@ def test_xla_attention_gives_the_einsum_paths_loss_and_gradients(remat):
             logp = logprobs_at(m, ids, positions, mask, jnp.broadcast_to(jnp.arange(159), (2, 159)), targets[:, :159])
             return -(logp * (mask[:, :-1] & mask[:, 1:])).sum()  # valid slots predicting valid tokens
 
-        value, grads = nnx.value_and_grad(loss)(model)
+        value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
         return float(value), jax.tree.leaves(nnx.to_pure_dict(grads))
 
     (ours, ours_grads), (xla, xla_grads) = loss_and_grads("einsum"), loss_and_grads("xla")
     np.testing.assert_allclose(xla, ours, rtol=1e-5)
     for got, want in zip(xla_grads, ours_grads):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=1e-6)
+        # float32 sums in another order (the two paths jitted apart): entries near 0 differ by ~2e-6
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=5e-6)
 
 
 def test_greedy_decoding_with_xla_attention_matches_transformers(hf_models):

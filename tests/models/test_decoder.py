@@ -1,5 +1,7 @@
 """Our Qwen2 against transformers' Qwen2ForCausalLM: logits, holes, log-probs, RoPE variants."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,10 +20,18 @@ from hf_reference import VOCAB, hf_logits, long_batch, make_hf_model
 TOL = 1e-4
 
 
-def ours_logits(model, ids, mask, context=DecodeContext()):
-    mask = jnp.asarray(mask)
-    hidden, _ = model(jnp.asarray(ids), positions_from_mask(mask), mask, context)
-    return np.asarray(model.logits(hidden))
+def ours_logits(model, ids, mask, query_block=None):
+    """Our logits [B, T, V], jitted (one compile per shape instead of one per eager op)."""
+    graph, state = nnx.split(model)
+    return np.asarray(_logits(graph, query_block, state, jnp.asarray(ids), jnp.asarray(mask)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _logits(graph, query_block, state, ids, mask):
+    model = nnx.merge(graph, state)
+    context = DecodeContext() if query_block is None else DecodeContext(query_block=query_block)
+    hidden, _ = model(ids, positions_from_mask(mask), mask, context)
+    return model.logits(hidden)
 
 
 @pytest.mark.parametrize("name", ["tied", "untied", "theta"])
@@ -52,7 +62,7 @@ def test_long_inputs_attended_in_query_blocks_match_transformers(hf_models, quer
     ids, mask = long_batch(2 * ATTENTION_BLOCK + 45)
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
     ref = hf_logits(torch_model, ids, mask, positions)
-    got = ours_logits(model, ids, mask, DecodeContext(query_block=query_block))
+    got = ours_logits(model, ids, mask, query_block)
     assert np.abs(got - ref)[mask].max() <= TOL
 
 

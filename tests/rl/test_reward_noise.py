@@ -15,7 +15,7 @@ from ragen_jax.rl.reward_noise import randomize_rewards
 from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.training.step import StepConfig, Trainer
 
-from agent_setup import text_parts, tiny_model
+from agent_setup import TEST_LAYERS, text_parts, tiny_model
 
 
 def numpy_reference(key, rewards, q):
@@ -72,7 +72,7 @@ def test_the_step_logs_the_true_outcome_and_the_replaced_fraction():
     """With every reward replaced the rollout (same key) and its logged success and return are
     those of the noiseless step; only the learner's rewards differ."""
     env, params, _, codec, prompt = text_parts("SimpleSokoban", ROLLOUT.max_actions_per_turn)
-    model = tiny_model(0)
+    model = tiny_model(0, TEST_LAYERS)
     metrics = {}
     for q in (0.0, 1.0):
         config = StepConfig(rollout=ROLLOUT, filter=FilterConfig(strategy="none"),

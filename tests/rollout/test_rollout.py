@@ -20,7 +20,7 @@ from ragen_jax.text.answer_re import parse_answer_text
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
 
-from agent_setup import ScriptedPolicy, scripted_texts, text_parts
+from agent_setup import TEST_LAYERS, ScriptedPolicy, scripted_texts, text_parts
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "text"))
 import real_tokenizers  # noqa: E402
@@ -109,7 +109,7 @@ def test_garbage_policy_only_collects_format_penalties(setup):
 def model_rollout(setup):
     """A rollout of a random-init tiny model (compiled once for the tests below)."""
     env, params, _, codec, prompt = setup
-    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(3))
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(3))
     key = jax.random.key(2)
     go = jax.jit(lambda k, m: rollout(k, model_policy(m, codec, prompt, CONFIG), env, params, codec, prompt, CONFIG))
     return model, key, go(key, model)

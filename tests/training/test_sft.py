@@ -11,7 +11,7 @@ from flax import nnx
 from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.training import sft
 
-from agent_setup import text_parts, tiny_model
+from agent_setup import TEST_LAYERS, text_parts, tiny_model
 
 CONFIG = RolloutConfig(num_groups=12, group_size=1, max_turns=3, max_actions_per_turn=2, max_actions_per_traj=6,
                        max_new_tokens=48)
@@ -97,7 +97,7 @@ def test_compacting_the_holes_away_changes_no_log_prob(demos):
     assert short.tokens.shape[1] < batch.tokens.shape[1]
     assert short.tokens.shape[1] % 8 == 0 or short.tokens.shape[1] == batch.tokens.shape[1]
     assert int(short.mask.sum()) == int(batch.mask.sum())
-    model = tiny_model(2)
+    model = tiny_model(2, TEST_LAYERS)
     logprobs = nnx.jit(lambda m, b: policy_logprobs(m, b, 1.0)[0])
     want, got = logprobs(model, batch), logprobs(model, short)
     mask = np.asarray(batch.loss_mask)
@@ -107,7 +107,7 @@ def test_compacting_the_holes_away_changes_no_log_prob(demos):
 
 def test_fit_lowers_the_loss(demos):
     env, tok, traj = demos
-    model = tiny_model(1)
+    model = tiny_model(1, TEST_LAYERS)
     losses = sft.fit(model, traj, sft.SFTConfig(epochs=4, batch_size=4, lr=3e-3, warmup_steps=1),
                      log=lambda _: None)
     assert losses[-1] < 0.8 * losses[0], losses

@@ -22,8 +22,11 @@ from ragen_jax.training.step import StepConfig, Trainer
 
 from agent_setup import step_parts, tiny_model
 
-ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
+# One turn for the update's tests (half the buffer, twice as fast to run); two where the
+# buffer's turn layout is what is tested.
+ROLLOUT = RolloutConfig(num_groups=4, group_size=4, max_turns=1, max_actions_per_turn=2, max_actions_per_traj=2,
                         max_new_tokens=16)
+TWO_TURNS = dataclasses.replace(ROLLOUT, max_turns=2, max_actions_per_traj=4)
 FILTER = FilterConfig(update="fewer_steps")
 
 
@@ -32,18 +35,28 @@ def setup():
     return step_parts(ROLLOUT.max_actions_per_turn)
 
 
+def rolled_out(setup, config):
+    env, params, codec, prompt, model = setup
+    return jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, config), env, params, codec, prompt,
+                                     config))(jax.random.key(3))
+
+
 @pytest.fixture(scope="module")
 def trajectories(setup):
     """A rollout of the random tiny model with synthetic per-row rewards: groups 0 and 2 vary
     (rewards 0..3 within the group), groups 1 and 3 are constant."""
-    env, params, codec, prompt, model = setup
-    traj = jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, ROLLOUT), env, params, codec, prompt,
-                                     ROLLOUT))(jax.random.key(3))
+    traj = rolled_out(setup, ROLLOUT)
     rewards = np.zeros((4, 4), np.float32)
     rewards[0] = [0.0, 1.0, 2.0, 3.0]
     rewards[2] = [3.0, 0.5, 0.0, 1.0]
     rewards[1] = 1.0
     return rewarded(traj, rewards.reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def two_turns(setup):
+    """A two-turn rollout of the random tiny model, rewarded as `trajectories`."""
+    return rewarded(rolled_out(setup, TWO_TURNS), np.tile([0.0, 1.0, 2.0, 3.0], 4))
 
 
 def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
@@ -82,9 +95,9 @@ def test_previous_valid_slot_against_a_python_loop():
                 last = s
 
 
-def test_training_forward_reproduces_sampling_logprobs(setup, trajectories):
+def test_training_forward_reproduces_sampling_logprobs(setup, two_turns):
     """The update's compact view recomputes exactly the log-probs the sampler recorded."""
-    model = setup[-1]
+    model, trajectories = setup[-1], two_turns
     batch = batch_from_trajectories(trajectories)
     assert int(batch.loss_mask.sum()) == int(trajectories.loss_mask.sum()) > 0
     logp, entropy = jax.jit(lambda m, b: policy_logprobs(m, b, 1.0))(model, batch)
@@ -96,11 +109,11 @@ def test_training_forward_reproduces_sampling_logprobs(setup, trajectories):
 
 
 @pytest.mark.parametrize("layout", ["unrolled", "scanned, remat"])
-def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, trajectories, layout):
+def test_shared_prompt_runs_once_with_the_same_numbers_and_gradients(setup, two_turns, layout):
     """The system prompt (the same in every row) is run for one row and every row reads its
     keys/values: log-probs, entropies and parameter gradients equal a forward over every row
     (per-layer model, and scanned layers with rematerialisation)."""
-    model = setup[-1]
+    model, trajectories = setup[-1], two_turns
     if layout != "unrolled":
         scanned = init_model(dataclasses.replace(model.cfg, scan_layers=True, remat=True), jax.random.key(0))
         state = nnx.state(scanned)
@@ -136,7 +149,7 @@ def hot_moves(setup):
     env, params, codec, prompt, _ = setup
     model = tiny_model(0)
     load_initial_weights(model, "builtin:sokoban-tiny")
-    config = dataclasses.replace(ROLLOUT, max_new_tokens=48, sampling=SamplingParams(temperature=0.5),
+    config = dataclasses.replace(TWO_TURNS, max_new_tokens=48, sampling=SamplingParams(temperature=0.5),
                                  action_sampling=SamplingParams(temperature=2.0))  # the tiny configs' 48
     traj = jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, config), env, params, codec, prompt,
                                      config))(jax.random.key(5))
@@ -182,7 +195,8 @@ def test_the_update_scores_hot_moves_at_their_temperature(setup, hot_moves):
     ones (approx KL 0), which needs the batch's per-token temperatures in the actor loss."""
     model, config, traj = hot_moves
     traj = rewarded(traj, np.tile([0.0, 1.0, 2.0, 3.0], 4))
-    one = trainer(setup, config, name="grpo", mini_batch_size=config.batch, filter=FilterConfig(strategy="none"))
+    one = trainer((*setup[:4], model), config, name="grpo", mini_batch_size=config.batch,
+                  filter=FilterConfig(strategy="none"))  # the warm start has the tiny model's 3 layers
     _, metrics = one.update(one.init_state(jax.random.key(0), model), traj, jax.random.key(1))
     assert float(metrics["update/minibatches"]) == 1
     assert abs(float(metrics["actor/approx_kl"])) < 1e-5  # at T 0.5 for every token: > 0.1
@@ -325,8 +339,8 @@ def test_paper_update_equals_smaller_minibatches_over_the_kept_groups_alone(setu
     ref_state, ref_metrics = alone.update(alone.init_state(jax.random.key(0), model), kept, jax.random.key(1))
     assert float(ref_metrics["update/minibatches"]) == 4
     # a 4-row window with 2 rows masked against 2-row minibatches: another float summation order,
-    # which Adam amplifies on near-zero gradients (a handful of parameters by ~2e-6; lr 1e-3)
-    np.testing.assert_allclose(params_of(state), params_of(ref_state), atol=1e-5)
+    # which Adam amplifies on near-zero gradients (a parameter in 10^5 by up to ~2e-5; lr 1e-3)
+    np.testing.assert_allclose(params_of(state), params_of(ref_state), atol=5e-5)
     for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
         np.testing.assert_allclose(float(metrics[name]), float(ref_metrics[name]), rtol=1e-5, atol=1e-7, err_msg=name)
 

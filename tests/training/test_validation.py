@@ -16,7 +16,7 @@ from ragen_jax.rollout.play import RolloutConfig
 from ragen_jax.rollout.render import render_trajectories
 from ragen_jax.training.validation import EvalConfig, Validator, validate, validation_rollout
 
-from agent_setup import ScriptedPolicy, text_parts
+from agent_setup import TEST_LAYERS, ScriptedPolicy, text_parts
 
 TRAIN = RolloutConfig(num_groups=5, group_size=3, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
                       max_new_tokens=16, sampling=sampling.SamplingParams(temperature=1.0, top_p=0.9))
@@ -50,8 +50,8 @@ def levels(setup):
 def validated(setup):
     """Two validations of a random tiny model and one of another model (one compile)."""
     env, params, _, codec, prompt = setup
-    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
-    other = init_model(DecoderConfig.preset("tiny"), jax.random.key(1))
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(0))
+    other = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(1))
     validator = Validator(model, env, params, codec, prompt, EVAL, TRAIN)
     first = validator(nnx.state(model))
     again = validate(model, env, params, codec, prompt, EVAL, TRAIN)  # same static setting: no recompile
@@ -156,7 +156,7 @@ def test_validation_on_a_data_only_mesh_plays_like_one_device(setup, validated):
     from ragen_jax.core import sharding
 
     env, params, _, codec, prompt = setup
-    model = init_model(DecoderConfig.preset("tiny"), jax.random.key(0))
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(0))
     metrics, traj = Validator(model, env, params, codec, prompt, EVAL, TRAIN,
                               sharding.make_mesh((2, 1, 1)))(nnx.state(model))
     ref_metrics, ref_traj = validated[0]

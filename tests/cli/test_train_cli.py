@@ -17,6 +17,7 @@ from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.run import loop
 
 from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
+from xla_flags import flags_for
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
 
@@ -83,8 +84,8 @@ def test_the_bar_after_a_resume_shows_the_latest_validation_and_mi_and_warnings_
     """Also the collapse alarm after a resume: warned once (on a line of its own) while it stays
     on, and counted in the last line with the steps before the resume."""
     args = ["--config", CONFIG, "--workdir", str(tmp_path), *SMALL, "--config.train.val_every=2"]
-    done = command("ragen_jax.train", *args, "--config.train.steps=2")
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert train.main([*args, "--config.train.steps=2"]) == 0
+    capsys.readouterr()
     logged = records(tmp_path)
     assert [r["step"] for r in logged] == [0, 1, 2]
     # step 1's diagnostics as they would log them (they are off in these small runs); step 2 has none
@@ -139,9 +140,10 @@ def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     assert 0.0 <= result["metrics"]["success"] <= result["metrics"]["pass@k"] <= 1.0
     assert "mi/first_turn/mi_estimate" in result["metrics"]
     assert "Turn 1" in (full_run / "eval_6_trajectories.txt").read_text()
-    # Run as a command with no device count in XLA_FLAGS on a run whose mesh is the default,
-    # evaluate gives the CPU one jax device per core (as train does): the same episodes. Without
-    # JAX's own cache directory it keeps its compiled programs in RAGEN_JAX_COMPILE_CACHE's.
+    # Run as a command with no device count in XLA_FLAGS (the session's fast compiles kept) on a
+    # run whose mesh is the default, evaluate gives the CPU one jax device per core (as train
+    # does): the same episodes. Without JAX's own cache directory it keeps its compiled programs
+    # in RAGEN_JAX_COMPILE_CACHE's.
     split = tmp_path / "split"
     shutil.copytree(full_run, split)
     config = json.loads((split / "config.json").read_text())
@@ -149,7 +151,8 @@ def test_evaluate_writes_results_and_trajectories(full_run, capsys, tmp_path):
     (split / "config.json").write_text(json.dumps(config))
     cache = tmp_path / "xla_cache"
     done = command("ragen_jax.cli.evaluate", "--workdir", str(split), "--episodes", "2", "--samples", "2",
-                   env={"XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": "", "RAGEN_JAX_COMPILE_CACHE": str(cache)})
+                   env={"XLA_FLAGS": flags_for(None), "JAX_COMPILATION_CACHE_DIR": "",
+                        "RAGEN_JAX_COMPILE_CACHE": str(cache)})
     assert done.returncode == 0 and "one jax device per CPU core" in done.stderr, done.stderr[-2000:]
     assert any(p.name.endswith("-cache") for p in cache.iterdir())
     again = json.loads((split / "eval_6.json").read_text())["metrics"]

@@ -56,14 +56,14 @@ def test_flops_and_activations_are_reported(result):
     assert "parameters" in planner.report(result)
 
 
-@pytest.mark.parametrize("scan_layers", ["false", "true"])
-def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments(scan_layers):
-    """The whole-step path (`--no-step` not given), on the tiny model with its layers unrolled
-    and scanned: its compiled arguments are the sharded train state plus the text tables,
-    nothing replicated by mistake."""
+def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments():
+    """The whole-step path (`--no-step` not given), on the tiny model with its layers scanned (as
+    the paper-sized configs run): its compiled arguments are the sharded train state plus the
+    text tables, nothing replicated by mistake. (Unrolled layers on a mesh:
+    tests/core/test_sharding.py.)"""
     tiny = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_tiny.py")),
                                       {**SHORT, "algo.micro_batch_size": "0", "model.init": "None",
-                                       "model.scan_layers": scan_layers})
+                                       "model.scan_layers": "true"})
     result = planner.plan(tiny, (2, 1, 1), compile_step=True, pieces=())
     state = sum(result.memory[k] for k in ("parameters", "optimiser", "critic", "critic optimiser"))
     assert state <= result.step["argument"] < state + 2**20  # + the codec's and prompt's tables

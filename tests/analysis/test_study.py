@@ -480,7 +480,7 @@ def test_report_fits_the_filters_difference_against_the_slip_over_the_noise_rate
     assert line.endswith("the filter's difference falls with the slip")
 
 
-def test_reproduce_study_smoke(tmp_path):
+def test_reproduce_study_smoke(tmp_path, capsys):
     """One seed, two steps, one arm as a parallel job (its log in logs/): the run lands where
     `report` finds it, with the paper's filter, and the report and figure come from it. (Top-k's
     matching to Top-p and the jobs' order are tested without training, above.)"""
@@ -503,11 +503,10 @@ def test_reproduce_study_smoke(tmp_path):
     assert "| sokoban | top_p-grpo | 1 |" in (tmp_path / "report.md").read_text()
     assert "done sokoban/top_p-grpo/seed0" in run.stdout
     assert (tmp_path / "logs" / "sokoban-top_p-grpo-seed0.log").stat().st_size > 0
-    out = subprocess.run([sys.executable, script, "report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "| sokoban | top_p-grpo | 1 |" in out.stdout
-    assert "| sokoban (initial policy of every arm) |" in out.stdout
+    assert reproduce.main(["report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")]) == 0
+    out = capsys.readouterr().out
+    assert "| sokoban | top_p-grpo | 1 |" in out
+    assert "| sokoban (initial policy of every arm) |" in out
     assert (tmp_path / "fig" / "study_sokoban.png").stat().st_size > 0
 
 

@@ -1,5 +1,5 @@
 """The notebooks run top to bottom on CPU with the tiniest settings, in order, sharing one
-workdir: 01 trains 3 steps, 02 trains its toy policies and reads that run's MI metrics back,
+workdir: 01 trains 2 steps, 02 trains its toy policies and reads that run's MI metrics back,
 03 restores, evaluates and exports that run's checkpoint.
 
 Parameters are injected the way papermill does it: a cell inserted right after the cell tagged
@@ -22,7 +22,7 @@ pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ("01_quickstart.ipynb", "02_template_collapse.ipynb", "03_evaluate_checkpoint.ipynb")
-STEPS = 3
+STEPS = 2
 # The smallest run that still exercises everything: rollout, MI diagnostics at every step (first
 # turn, trajectory, per turn, action grounding), a PPO update on every group, checkpoints. No
 # filtering: 8 tokens never hold a whole answer, so every trajectory earns the same format penalty
@@ -81,7 +81,7 @@ def shared(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def quickstart(shared):
-    """Notebook 01 with 3 tiny steps into shared/run (the run 02 and 03 read)."""
+    """Notebook 01 with 2 tiny steps into shared/run (the run 02 and 03 read)."""
     run = shared / "run"
     nb, _ = execute(NAMES[0], {"WORKDIR": str(run), "STEPS": STEPS, "OVERRIDES": TINY_RUN}, shared)
     return nb, run

@@ -123,8 +123,9 @@ def setup():
     tok = hf.load_tokenizer()
     codec = TextCodec.build(tok, env, ROLLOUT.max_actions_per_turn)
     prompt = PromptTemplate.build(tok, env, ROLLOUT.max_actions_per_turn)
-    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(0))
-    reference = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(1))  # differs: KL has a gradient
+    cfg = DecoderConfig.preset("tiny", num_layers=TEST_LAYERS)
+    model = init_model(cfg, jax.random.key(0))
+    reference = init_model(cfg, jax.random.key(1))  # differs: KL has a gradient
     return env, params, codec, prompt, model, reference
 
 

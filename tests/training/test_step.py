@@ -35,10 +35,11 @@ def setup():
     return step_parts(ROLLOUT.max_actions_per_turn)
 
 
-def rolled_out(setup, config):
+def rolled_out(setup, config, seed=3):
+    """A jitted rollout of `config` by setup's model (its last part), from key `seed`."""
     env, params, codec, prompt, model = setup
     return jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, config), env, params, codec, prompt,
-                                     config))(jax.random.key(3))
+                                     config))(jax.random.key(seed))
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +152,7 @@ def hot_moves(setup):
     load_initial_weights(model, "builtin:sokoban-tiny")
     config = dataclasses.replace(TWO_TURNS, max_new_tokens=48, sampling=SamplingParams(temperature=0.5),
                                  action_sampling=SamplingParams(temperature=2.0))  # the tiny configs' 48
-    traj = jax.jit(lambda k: rollout(k, model_policy(model, codec, prompt, config), env, params, codec, prompt,
-                                     config))(jax.random.key(5))
-    return model, config, traj
+    return model, config, rolled_out((env, params, codec, prompt, model), config, seed=5)
 
 
 def completes(before: str, after: str, marker: str) -> bool:

@@ -12,7 +12,8 @@
 #   4. the step with the rollout's, diagnostics' and validation's layers unrolled while training
 #      scans (model.unroll_inference=true);
 #   5. the step with the largest micro-batch the compiled memory analysis fits (algo.micro_batch_size=auto);
-#   6. the step with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time.
+#   6. the step with XLA's GPU autotuning off (--xla_gpu_autotune_level=0): its compile time;
+#   7. the step with the diagnostics scoring only the spans they read (diagnostics.span_buckets=4).
 # PART all runs both in order. Each part ends with one table of every check in OUT_DIR so far:
 # micro-batch, compile time, step time, MFU and peak memory side by side.
 set -u
@@ -57,6 +58,7 @@ if [ "$part" != 1 ]; then
   check 0p5b_unrolled 200 330 --set model.unroll_inference=true
   check 0p5b_auto 260 420 --set algo.micro_batch_size=auto  # the search compiles a few forward+backward passes first
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" check 0p5b_autotune0 200 330
+  check 0p5b_spans 200 330 --set diagnostics.span_buckets=4
 fi
 python3 - "$out" <<'PY'
 import json, pathlib, sys

@@ -61,8 +61,9 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
                           exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
     k = eval_config.samples_per_env
+    d = exp.run.settings.diagnostics
     mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False,
-                                  score_rows=exp.run.settings.diagnostics.score_rows)
+                                  score_rows=d.score_rows, span_buckets=d.span_buckets)
     with sharding.tracing_on(exp.mesh):
         mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
             for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),

@@ -69,10 +69,12 @@ def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int
 class Scoring:
     """Where and how continuations are scored: on a data-only `mesh` each device scores its own
     rows (`sharding.per_device_rows`); `block_rows` rows at a time (0: all at once) bound the
-    working set — the rows' prompt caches and their vocabulary log-probs."""
+    working set — the rows' prompt caches and their vocabulary log-probs. `span_buckets` > 1:
+    each block is scored only as wide as its longest continuation needs (`span_widths`)."""
 
     mesh: jax.sharding.Mesh | None = None
     block_rows: int = 0
+    span_buckets: int = 1
 
 
 def score_continuations(
@@ -95,18 +97,54 @@ def score_continuations(
     before `ends[i, c]` (all below the static `prompt_width` ≤ L). cont, cont_mask [M, W]:
     left-aligned continuations (holes only after the last valid token).
     Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
-    the full-distribution entropy [M, W] at each row's own column (else None), placed and
-    blocked as `scoring` says. `shared_columns` (static): every row's column c is the same cache
+    the full-distribution entropy [M, W] at each row's own column (else None; 0 where
+    `cont_mask` is off), placed and blocked as `scoring` says. `shared_columns` (static): every row's column c is the same cache
     row and end (a cross product), so each column step reads that one row's keys for all rows
     (a `KVCache.shared` cache) instead of a copy per row.
     """
     split = (columns, ends, cont, cont_mask) + (() if own_column is None else (own_column,))
 
     def score(model, cache, tokens, *rows):
-        one_block = lambda *block: _score(model, cache, tokens, prompt_width, shared_columns, *block)
+        widths = span_widths(cont.shape[1], scoring.span_buckets)
+        one_block = lambda *block: _score_spans(model, cache, tokens, prompt_width, shared_columns, widths, *block)
         return map_row_blocks(one_block, scoring.block_rows, *rows)
 
     return sharding.per_device_rows(score, scoring.mesh, (model, cache, tokens), split)
+
+
+def span_widths(width: int, buckets: int) -> tuple[int, ...]:
+    """The continuation widths a block may be scored at: `buckets` steps of width / buckets
+    (rounded up, duplicates dropped), the last one the whole width."""
+    return tuple(sorted({-(-width * k // buckets) for k in range(1, buckets + 1)}))
+
+
+def _score_spans(model, cache, tokens, prompt_width, shared_columns, widths, columns, ends, cont, cont_mask,
+                 own_column=None):
+    """`_score` over only the first w slots of the continuations, w the narrowest of `widths`
+    that holds every row's last valid token (a `lax.switch`: one program per width, the
+    choice made at run time). A causal model's log-probs of those slots do not depend on the
+    slots after them, so they are the full width's up to float rounding; the slots after w are
+    0, as the full width's are (`cont_mask` is off there)."""
+    width = cont.shape[1]
+    if len(widths) == 1:
+        return _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, cont, cont_mask, own_column)
+
+    def scored_at(w):
+        def branch():
+            logp, entropy = _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, cont[:, :w],
+                                   cont_mask[:, :w], own_column)
+            widen = lambda a: jnp.pad(a, ((0, 0),) * (a.ndim - 1) + ((0, width - w),))
+            return widen(logp), (None if entropy is None else widen(entropy))
+        return branch
+
+    return jax.lax.switch(span_choice(cont_mask, widths), [scored_at(w) for w in widths])
+
+
+def span_choice(cont_mask: jax.Array, widths: tuple[int, ...]) -> jax.Array:
+    """The index of the narrowest of `widths` (ascending) that holds the last valid slot of
+    every row of `cont_mask` [M, W] (0 when none is valid)."""
+    used = jnp.max(jnp.where(cont_mask.astype(bool), jnp.arange(1, cont_mask.shape[1] + 1)[None, :], 0))
+    return jnp.searchsorted(jnp.asarray(widths), used)  # the first width >= used
 
 
 def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, cont, cont_mask, own_column=None):
@@ -137,7 +175,7 @@ def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, co
         hidden, _ = model(chunk, positions, chunk_mask, DecodeContext(column, prompt_width))
         if want_entropy:
             logp, ent = token_logprobs(model, hidden[:, :-1], cont, with_entropy=True)
-            entropy = entropy + jnp.where((own_column == c)[:, None], ent, 0.0)
+            entropy = entropy + jnp.where((own_column == c)[:, None] & cont_mask, ent, 0.0)
         else:
             logp = token_logprobs(model, hidden[:, :-1], cont)
         return entropy, jnp.where(cont_mask, logp, 0.0)

@@ -63,9 +63,14 @@ class DiagnosticsConfig:
     # samples scored at a time under each column (0: all at once); bounds the scoring's working
     # set (the samples' prompt caches and vocabulary log-probs) on a large model
     score_rows: int = 0
+    # > 1: each block of samples is scored only as wide as its longest reasoning (and answer)
+    # needs, rounded up to one of this many widths (buffer_scoring.span_widths); the same
+    # metrics up to float rounding, one scoring program per width
+    span_buckets: int = 1
 
     def __post_init__(self):
-        for name in ("compute_freq", "num_samples", "per_turn_samples", "answer_tokens", "prefill_rows"):
+        for name in ("compute_freq", "num_samples", "per_turn_samples", "answer_tokens", "prefill_rows",
+                     "span_buckets"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"diagnostics.{name}={value!r} must be an integer >= 1")
@@ -217,11 +222,12 @@ def diagnose(
     Jit with `config`, `group_size` and `mesh` static. Keys: split(key, 3) → first-turn,
     trajectory and per-turn draws. On a `mesh` that splits only `data`, each device prefills and
     scores its own rows (`sharding.per_device_rows`); the metrics are one device's up to float
-    rounding. `config.score_rows` scores that many samples at a time.
+    rounding. `config.score_rows` scores that many samples at a time, `config.span_buckets`
+    only as wide as they need.
     """
     k_first, k_traj, k_turn = jax.random.split(key, 3)
     cache, tokens = buffer_cache(model, traj, config.prefill_rows, mesh)
-    scoring = Scoring(mesh, config.score_rows)
+    scoring = Scoring(mesh, config.score_rows, config.span_buckets)
     metrics: dict[str, jax.Array] = {}
 
     first = pairs_lib.first_turn_pairs(traj, k_first, config.num_samples, group_size)

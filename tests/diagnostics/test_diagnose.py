@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.diagnostics import pairs as P
-from ragen_jax.diagnostics.buffer_scoring import mean_and_sum
+from ragen_jax.diagnostics.buffer_scoring import Scoring, mean_and_sum, span_choice, span_widths
 from ragen_jax.diagnostics.cross_scoring import cross_score
 from ragen_jax.diagnostics.diagnose import (DiagnosticsConfig, DiagnosticsState, _score, action_reasoning_scores,
                                             buffer_cache, diagnose)
@@ -225,6 +225,7 @@ def test_switches_drop_their_metrics(traj, template_model):
 
 @pytest.mark.parametrize("field, value", [("compute_freq", 0), ("num_samples", -1), ("per_turn_samples", 1.5),
                                           ("answer_tokens", 0), ("prefill_rows", 0), ("score_rows", -1),
+                                          ("span_buckets", 0), ("span_buckets", 2.0),
                                           ("score_rows", 2.0), ("per_turn", 1),
                                           ("action_grounding", "yes"), ("alarm_drop", 0.0), ("alarm_drop", 1.5),
                                           ("alarm_entropy_tolerance", -0.1),
@@ -268,6 +269,41 @@ def test_shared_prefill_scores_equal_cross_score(random_case):
         ours, ref = both(pairs)
         for a, b in zip(ours, ref):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+
+
+def test_span_widths_and_the_narrowest_that_holds_every_row():
+    assert span_widths(6, 3) == (2, 4, 6) and span_widths(5, 2) == (3, 5) and span_widths(3, 8) == (1, 2, 3)
+    assert span_widths(7, 1) == (7,)
+    rng, widths = np.random.default_rng(0), (2, 4, 6)
+    choose = jax.jit(span_choice, static_argnums=1)
+    for _ in range(40):
+        lengths = rng.integers(0, 7, rng.integers(1, 5))
+        used = int(lengths.max())
+        want = next(i for i, w in enumerate(widths) if w >= used)
+        assert int(choose(jnp.asarray(np.arange(6)[None, :] < lengths[:, None]), widths)) == want, lengths
+
+
+def test_scoring_only_the_spans_read_equals_the_full_width(random_case):
+    """span_buckets 3 (widths 2, 4, 6 of 6), one sample per block: each sample is scored only
+    as wide as its reasoning and answer reach; the full width's log-probs and entropies up to
+    float rounding, and 0 after them."""
+    traj, model, (cache, tokens) = random_case
+    narrow = Scoring(block_rows=1, span_buckets=3)
+
+    @jax.jit
+    def both(pairs):
+        s = P.samples(traj, pairs, 3)
+        mask = s.reasoning_mask | s.answer_mask
+        full = _score(model, cache, tokens, traj, pairs, s.tokens, mask, own=True)
+        return full, _score(model, cache, tokens, traj, pairs, s.tokens, mask, own=True, scoring=narrow), mask
+
+    chosen = set()
+    for pairs in (P.first_turn_pairs(traj, jax.random.key(0), 6, 3), P.trajectory_pairs(traj, jax.random.key(1), 6)):
+        (logp, entropy), (logp_n, entropy_n), mask = both(pairs)
+        np.testing.assert_allclose(np.asarray(logp_n), np.asarray(logp), atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(entropy_n), np.asarray(entropy), atol=2e-5, rtol=1e-5)
+        chosen |= {int(span_choice(row[None], (2, 4, 6))) for row in np.asarray(mask)}
+    assert len(chosen) > 1, chosen  # the samples took more than one width
 
 
 def test_action_reasoning_scores_equal_naive_forward(random_case):

@@ -63,7 +63,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ragen_jax.analysis import study as st  # numpy only; the jax-heavy imports stay inside the commands
-from ragen_jax.core import compile_cache, host_devices
+from ragen_jax.core import compile_cache, host_devices, quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"sokoban": ROOT / "configs" / "sokoban_tiny.py", "frozenlake": ROOT / "configs" / "frozenlake_tiny.py",
@@ -936,4 +936,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet.run_program(main))  # its runs never import PyTorch

@@ -3,6 +3,7 @@
 import sys
 
 from ragen_jax.cli.evaluate import main
+from ragen_jax.core import quiet
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet.run_program(main))

@@ -86,4 +86,4 @@ def main(argv=None) -> int:
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet.run_program(main))

@@ -45,4 +45,4 @@ def main(argv=None) -> int:
         return EXIT_INTERRUPTED
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet.run_program(main))

@@ -709,7 +709,8 @@ def noise_trend(runs) -> str:
 
 def reward_noise_trend(runs) -> str:
     """The paper's stochasticity axis at once: Top-p − no filter (per seed, final validation)
-    against `env.reward_noise`, the slope with its t interval, and the mean difference per rate."""
+    against `env.reward_noise`, the slope with its t interval, and the mean difference per rate
+    with its t interval and its t test's p (unadjusted: Holm's correction is over the claims)."""
     env, slug = ENVS["reward_noise"][0], "-rnoise"
     noise, diffs, per_rate = [], [], {}
     for e, arm in sorted(runs):
@@ -723,7 +724,13 @@ def reward_noise_trend(runs) -> str:
         per_rate[q] = pairs.tolist()
     if not per_rate:
         return ""
-    rates = "; ".join(f"q = {q:g}: {sum(d) / len(d):+.3f} ({len(d)} seeds)" for q, d in sorted(per_rate.items()))
+    def at_rate(q, d):
+        mean, low, high = st.mean_t_interval(d)
+        p = st.mean_t_p(d)
+        return (f"q = {q:g}: {mean:+.3f} ({len(d)} seeds)" + ("" if math.isnan(low) else f", t 95% {_interval(low, high)}")
+                + ("" if math.isnan(p) else f", p {p:.2g}"))
+
+    rates = "; ".join(at_rate(q, d) for q, d in sorted(per_rate.items()))
     text = f"Random rewards ({env}, GRPO): Top-p − none, mean per rate: {rates}."
     if len(set(noise)) < 2 or len(diffs) < 3:
         return text

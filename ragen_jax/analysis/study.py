@@ -14,7 +14,8 @@ records the initial policy once, in start_validation.json.
 - the claims: `final_validation` (a run's validation success at its end, fixed levels),
   `paired_differences` (arm A − arm B per seed, the same seed in both), `bootstrap_interval`
   (percentile bootstrap of any statistic over units: seeds, runs or measurements),
-  `mean_t_interval` (Student's t interval of a mean, for a few seeds), `slope_t_interval`
+  `mean_t_interval` (Student's t interval of a mean, for a few seeds) and `mean_t_p` (its
+  test's p), `holm` (p-values adjusted over a family of tests), `slope_t_interval`
   (how a paired difference changes with a setting, e.g. the reward noise), `run_correlation`
   (Spearman of a diagnostic against validation success, pooled over runs, resampled by run,
   optionally `centred_on_step`), `verdict`; `matched_top_k` (the Top-k arm's k from Top-p's kept fraction).
@@ -246,6 +247,30 @@ def mean_t_interval(differences: Sequence[float], level: float = 0.95) -> tuple[
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1)) * float(values.std(ddof=1)) / math.sqrt(len(values))
     return mean, mean - half, mean + half
+
+
+def mean_t_p(differences: Sequence[float]) -> float:
+    """Two-sided p of Student's t test that the mean of paired differences is 0 (t = mean /
+    (sd / √n), n − 1 degrees of freedom); NaN below 2 differences or with no spread."""
+    from scipy import stats
+
+    values = np.asarray(differences, np.float64)
+    if len(values) < 2 or float(values.std(ddof=1)) == 0.0:
+        return math.nan
+    t = float(values.mean()) / (float(values.std(ddof=1)) / math.sqrt(len(values)))
+    return float(2 * stats.t.sf(abs(t), len(values) - 1))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family, in the order given: the k-th smallest p
+    times (m − k + 1), never below an earlier one's, at most 1. A test is significant at level α
+    after the correction when its adjusted p < α."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def slope_t_interval(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:

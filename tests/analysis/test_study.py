@@ -183,6 +183,30 @@ def test_mean_t_interval_against_a_t_table():
     assert study.mean_t_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2, 0.2))
 
 
+def test_mean_t_p_matches_scipy_ttest_1samp():
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    for n in (2, 3, 5, 9):
+        diffs = list(rng.normal(0.01, 0.02, n))
+        assert study.mean_t_p(diffs) == pytest.approx(stats.ttest_1samp(diffs, 0.0).pvalue, rel=1e-9)
+    assert math.isnan(study.mean_t_p([0.2])) and math.isnan(study.mean_t_p([0.1, 0.1]))
+
+
+def test_holm_by_hand_and_against_a_loop():
+    # sorted 0.01, 0.02, 0.03, 0.5 times 4, 3, 2, 1: 0.04, 0.06, 0.06 (not below the one before), 0.5
+    assert study.holm([0.5, 0.01, 0.03, 0.02]) == pytest.approx([0.5, 0.04, 0.06, 0.06])
+    assert study.holm([0.4, 0.6]) == pytest.approx([0.8, 0.8]) and study.holm([]) == []
+    rng = np.random.default_rng(6)
+    for m in (1, 3, 11, 13):
+        p = list(rng.uniform(0, 0.2, m))
+        order = np.argsort(p)
+        want = np.empty(m)
+        for k, i in enumerate(order):  # step-down: the largest of the scaled p's up to this rank
+            want[i] = min(1.0, max((m - j) * p[order[j]] for j in range(k + 1)))
+        assert study.holm(p) == pytest.approx(list(want))
+
+
 @given(hs.lists(hs.tuples(hs.integers(0, 4), hs.integers(-100, 100).map(lambda v: v / 100)), min_size=3, max_size=20))
 @example([(3, 0.5), (3, -0.2), (3, 0.1)])  # one x, repeated: 0.1 · 3 is not exact
 @example([(0, 0.0), (0, 0.0), (1, 0.01)])  # an exact fit
@@ -352,13 +376,19 @@ def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs
         step = built("frozenlake_paper", overrides)
         assert (config.env.success_rate, step.reward_noise, step.filter.update) == (0.98, q, "paper")
         assert config.filter.strategy == arm.split("-")[0] and step.algo.name == "grpo"
-    # Top-p − none per seed: +0.1 at every seed of q = 0, −0.1 at q = 0.5: the slope is −0.4 per unit
+    # Top-p − none per seed: +0.10, +0.11, +0.12 at q = 0, −0.10, −0.09, −0.08 at q = 0.5: the slope
+    # is −0.4 per unit; at each rate sd 0.01, t(0.975, 2) 4.303: ±0.025; t = 0.11 / (0.01 / √3) = 19.05 and
+    # 0.09 / (0.01 / √3) = 15.59, two-sided p with 2 df 0.0027 and 0.0041 (1 − 1 / √(1 + 2 / t²))
     record = lambda v: [{"step": s, "val/success": v} for s in (100, 120, 140)]
-    runs = {("frozenlake_paper", f"{f}-grpo-rnoise{q}"): {seed: record(v + 0.01 * seed) for seed in range(3)}
+    runs = {("frozenlake_paper", f"{f}-grpo-rnoise{q}"): {seed: record(v + 0.01 * seed * (f == "top_p"))
+                                                          for seed in range(3)}
             for q, top_p in (("0", 0.6), ("0.5", 0.4)) for f, v in (("top_p", top_p), ("none", 0.5))}
     text = reproduce.reward_noise_trend(runs)
-    assert "q = 0: +0.100 (3 seeds); q = 0.5: -0.100 (3 seeds)" in text
+    assert ("q = 0: +0.110 (3 seeds), t 95% [+0.085, +0.135], p 0.0027; "
+            "q = 0.5: -0.090 (3 seeds), t 95% [-0.115, -0.065], p 0.0041") in text
     assert "6 seed pairs: -0.400 per unit" in text and "falls with the noise" in text
+    one_seed = {key: {0: seeds[0]} for key, seeds in runs.items()}
+    assert "q = 0: +0.100 (1 seeds); q = 0.5: -0.100 (1 seeds)." in reproduce.reward_noise_trend(one_seed)
     with pytest.raises(SystemExit):
         study_args("--part", "reward_noise", "--reward-noise", "1.5")
 

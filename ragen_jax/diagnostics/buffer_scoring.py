@@ -98,9 +98,9 @@ def score_continuations(
     left-aligned continuations (holes only after the last valid token).
     Returns f32[M, C, W] log-probs (0 where `cont_mask` is off) and, given `own_column` [M],
     the full-distribution entropy [M, W] at each row's own column (else None; 0 where
-    `cont_mask` is off), placed and blocked as `scoring` says. `shared_columns` (static): every row's column c is the same cache
-    row and end (a cross product), so each column step reads that one row's keys for all rows
-    (a `KVCache.shared` cache) instead of a copy per row.
+    `cont_mask` is off), placed and blocked as `scoring` says. `shared_columns` (static): every
+    row's column c is the same cache row and end (a cross product), so each column step reads
+    that one row's keys for all rows (a `KVCache.shared` cache) instead of a copy per row.
     """
     split = (columns, ends, cont, cont_mask) + (() if own_column is None else (own_column,))
 

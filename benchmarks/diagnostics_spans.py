@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     diff = max(abs(float(metrics[full][k]) - float(metrics[narrow][k])) for k in metrics[full])
     print(f"generation width {width}; generated lengths of the played turns: median {np.median(used):.0f}, "
           f"max {used.max()}; widths {span_widths(width, args.buckets)}")
-    print("| setting | first call (compile + run) s | best of " f"{args.steps} s |\n| --- | ---: | ---: |")
+    print(f"| setting | first call (compile + run) s | best of {args.steps} s |\n| --- | ---: | ---: |")
     for name in settings:
         print(f"| {name} | {compile_s[name]:.1f} | {best[name]:.3f} |")
     print(f"ratio (full width / spans): {best[full] / best[narrow]:.2f}x; largest metric difference {diff:.2e}")

@@ -390,6 +390,7 @@ def recorded_part(args) -> None:
 
 PARTS = {"main": main_part, "noise": noise_part, "gradients": gradients_part, "recorded": recorded_part,
          "reward_noise": reward_noise_part}
+PAPER_MID_RANGE = (0.05, 0.5)  # the random-reward fractions where the paper finds filtering helps most
 ENVS = {"main": ["sokoban", "frozenlake"], "noise": ["frozenlake"], "gradients": ["sokoban"],
         "recorded": ["sokoban", "frozenlake"], "reward_noise": ["frozenlake_paper"]}
 
@@ -709,29 +710,37 @@ def noise_trend(runs) -> str:
 
 def reward_noise_trend(runs) -> str:
     """The paper's stochasticity axis at once: Top-p − no filter (per seed, final validation)
-    against `env.reward_noise`, the slope with its t interval, and the mean difference per rate
-    with its t interval and its t test's p (unadjusted: Holm's correction is over the claims)."""
+    against `env.reward_noise`: the mean difference per rate with its t interval and its t test's
+    p, the paper's claim as one contrast (the paper's 5–50% rates minus the others, per seed at
+    every rate), and the slope (p's unadjusted: Holm's correction is over the claims)."""
     env, slug = ENVS["reward_noise"][0], "-rnoise"
     noise, diffs, per_rate = [], [], {}
     for e, arm in sorted(runs):
         if e != env or not arm.startswith("top_p-grpo" + slug) or (env, "none" + arm[len("top_p"):]) not in runs:
             continue
         q = float(arm.rsplit(slug, 1)[1])
-        _, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
-                                           for key in (arm, "none" + arm[len("top_p"):])))
+        seeds, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
+                                               for key in (arm, "none" + arm[len("top_p"):])))
         noise += [q] * len(pairs)
         diffs += pairs.tolist()
-        per_rate[q] = pairs.tolist()
+        per_rate[q] = dict(zip(seeds, pairs.tolist()))
     if not per_rate:
         return ""
-    def at_rate(q, d):
+
+    def tested(d):
         mean, low, high = st.mean_t_interval(d)
         p = st.mean_t_p(d)
-        return (f"q = {q:g}: {mean:+.3f} ({len(d)} seeds)" + ("" if math.isnan(low) else f", t 95% {_interval(low, high)}")
+        return (f"{mean:+.3f} ({len(d)} seeds)" + ("" if math.isnan(low) else f", t 95% {_interval(low, high)}")
                 + ("" if math.isnan(p) else f", p {p:.2g}"))
 
-    rates = "; ".join(at_rate(q, d) for q, d in sorted(per_rate.items()))
+    rates = "; ".join(f"q = {q:g}: {tested(list(d.values()))}" for q, d in sorted(per_rate.items()))
     text = f"Random rewards ({env}, GRPO): Top-p − none, mean per rate: {rates}."
+    seeds, contrast = st.mid_minus_ends(per_rate, *PAPER_MID_RANGE)
+    if len(seeds) >= 2:
+        mean, low, high = st.mean_t_interval(contrast)
+        text += (f" Mid-range ({PAPER_MID_RANGE[0]:g} ≤ q ≤ {PAPER_MID_RANGE[1]:g}) − the other rates, per seed at "
+                 f"every rate: {tested(contrast)}: " + st.verdict(low, high, "the gain peaks mid-range",
+                                                                  "the gain is lower mid-range") + ".")
     if len(set(noise)) < 2 or len(diffs) < 3:
         return text
     slope, low, high = st.slope_t_interval(noise, diffs)

@@ -203,6 +203,19 @@ def paired_differences(a: dict[int, float], b: dict[int, float]) -> tuple[list[i
     return seeds, np.asarray([a[s] - b[s] for s in seeds], np.float64)
 
 
+def mid_minus_ends(per_rate: dict[float, dict[int, float]], low: float, high: float) -> tuple[list[int], np.ndarray]:
+    """"Helps most mid-range" as one paired contrast: per seed present at every rate, the mean
+    difference over the rates in [low, high] minus the mean over the others. Per seed, so the
+    seed's shared randomness cancels as in a paired difference; empty when a side has no rate."""
+    mid = [q for q in per_rate if low <= q <= high]
+    ends = [q for q in per_rate if not low <= q <= high]
+    if not mid or not ends:
+        return [], np.zeros(0)
+    seeds = sorted(set.intersection(*(set(d) for d in per_rate.values())))
+    return seeds, np.asarray([np.mean([per_rate[q][s] for q in mid]) - np.mean([per_rate[q][s] for q in ends])
+                              for s in seeds], np.float64)
+
+
 def bootstrap_interval(units: Sequence, statistic, resamples: int = 2000, seed: int = 0,
                        level: float = 0.95) -> tuple[float, float, float]:
     """(statistic of the units, low, high): the percentile bootstrap interval at `level` —

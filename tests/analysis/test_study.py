@@ -242,6 +242,28 @@ def test_paired_differences_and_final_validation_by_hand():
     assert math.isnan(study.final_validation(RECORDS[:2]))  # never validated: no rollout fallback
 
 
+def test_mid_minus_ends_by_hand_and_against_a_loop():
+    # seed 0: mid (0.2, 0.5) means (0.1 + 0.3) / 2 = 0.2, ends (0, 0.9) (0.0 − 0.2) / 2 = −0.1: +0.3;
+    # seed 1: 0.0 − 0.1 = −0.1; seed 2 lacks q = 0.9 and drops out
+    per_rate = {0.0: {0: 0.0, 1: 0.1, 2: 0.5}, 0.2: {0: 0.1, 1: 0.0, 2: 0.5},
+                0.5: {0: 0.3, 1: 0.0, 2: 0.5}, 0.9: {0: -0.2, 1: 0.1}}
+    seeds, contrast = study.mid_minus_ends(per_rate, 0.05, 0.5)
+    assert seeds == [0, 1] and contrast.tolist() == pytest.approx([0.3, -0.1])
+    assert study.mid_minus_ends({0.2: {0: 0.1}, 0.5: {0: 0.2}}, 0.05, 0.5)[0] == []  # no end rate
+    rng = np.random.default_rng(7)
+    for rates in ((0.0, 0.3), (0.0, 0.1, 0.4, 0.8, 1.0)):
+        per_rate = {q: {s: float(v) for s, v in enumerate(rng.normal(0, 0.02, 5))} for q in rates}
+        seeds, contrast = study.mid_minus_ends(per_rate, 0.05, 0.5)
+        for s, c in zip(seeds, contrast):
+            mid = [per_rate[q][s] for q in rates if 0.05 <= q <= 0.5]
+            ends = [per_rate[q][s] for q in rates if not 0.05 <= q <= 0.5]
+            assert c == pytest.approx(sum(mid) / len(mid) - sum(ends) / len(ends))
+    # one rate a side: the contrast is the paired difference of the two rates
+    a, b = per_rate[0.1], per_rate[0.8]
+    seeds, contrast = study.mid_minus_ends({0.1: a, 0.8: b}, 0.05, 0.5)
+    assert contrast.tolist() == pytest.approx(study.paired_differences(a, b)[1].tolist())
+
+
 def test_verdict_and_matched_top_k():
     assert study.verdict(0.01, 0.2) == "A > B" and study.verdict(-0.3, -0.1) == "A < B"
     assert study.verdict(-0.1, 0.2).startswith("not shown")
@@ -387,6 +409,13 @@ def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs
     assert ("q = 0: +0.110 (3 seeds), t 95% [+0.085, +0.135], p 0.0027; "
             "q = 0.5: -0.090 (3 seeds), t 95% [-0.115, -0.065], p 0.0041") in text
     assert "6 seed pairs: -0.400 per unit" in text and "falls with the noise" in text
+    # mid (0.5) − ends (0) per seed: −0.1 + 0.01 s − (0.1 + 0.01 s) = −0.2 at every seed, no spread
+    assert "Mid-range (0.05 ≤ q ≤ 0.5) − the other rates, per seed at every rate: -0.200 (3 seeds)" in text
+    assert "the gain is lower mid-range" in text
+    runs[("frozenlake_paper", "top_p-grpo-rnoise0.5")][2] = record(0.45)  # seed 2: −0.05 − 0.12 = −0.17
+    # −0.2, −0.2, −0.17: sd 0.0173, t 95% ± 4.303 · 0.0173 / √3 = ±0.043 around −0.19; t −19, p 0.0028
+    assert ("per seed at every rate: -0.190 (3 seeds), t 95% [-0.233, -0.147], p 0.0028: the gain is lower mid-range"
+            in reproduce.reward_noise_trend(runs))
     one_seed = {key: {0: seeds[0]} for key, seeds in runs.items()}
     assert "q = 0: +0.100 (1 seeds); q = 0.5: -0.100 (1 seeds)." in reproduce.reward_noise_trend(one_seed)
     with pytest.raises(SystemExit):

@@ -38,7 +38,7 @@ optimiser steps per RL step whatever is kept, `filter.update=paper`):
 - reward_noise: the paper's stochasticity axis. FrozenLake with the paper's 2% slip
   (configs/frozenlake_paper_slip.py), GRPO, `env.reward_noise` ∈ {0, 0.2, 0.5, 0.9} (the chance
   a finished episode's reward is replaced by one drawn from the batch), Top-p vs none, seeds
-  0–2, seed by seed (every rate gets a seed before any rate gets the next).
+  0–3, seed by seed (every rate gets a seed before any rate gets the next).
 - recorded: the 40-step study recorded in docs/results.md ("The recorded study"), as it ran then.
 
 Every run is an ordinary `ragen_jax.train` run in `<out>/<env>/<arm>/seed<k>` (metrics.jsonl,
@@ -88,7 +88,7 @@ REWARD_NOISE = ("0", "0.2", "0.5", "0.9")
 REGULARISATION = ("0.001:0.01", "0.01:0.1")  # entropy coefficient : KL coefficient
 GRADIENT_STEPS = 50
 SEEDS = {"main": [0, 1, 2, 3, 4], "noise": [0, 1, 2], "gradients": [0], "recorded": [0, 1, 2],
-         "reward_noise": [0, 1, 2]}
+         "reward_noise": [0, 1, 2, 3]}
 # The recorded 40-step study (docs/results.md, "The recorded study") ran on the tiny defaults of its time:
 # 16 groups × 8 with the entropy bonus, optax's Adam ε, a constant rate, these warm starts, Top-k
 # keeping a quarter of the groups, Top-p on the reward std, full minibatches and fewer steps.

@@ -714,18 +714,18 @@ def reward_noise_trend(runs) -> str:
     p, the paper's claim as one contrast (the paper's 5–50% rates minus the others, per seed at
     every rate), and the slope (p's unadjusted: Holm's correction is over the claims)."""
     env, slug = ENVS["reward_noise"][0], "-rnoise"
-    noise, diffs, per_rate = [], [], {}
+    per_rate = {}
     for e, arm in sorted(runs):
         if e != env or not arm.startswith("top_p-grpo" + slug) or (env, "none" + arm[len("top_p"):]) not in runs:
             continue
         q = float(arm.rsplit(slug, 1)[1])
         seeds, pairs = st.paired_differences(*({seed: st.final_validation(r) for seed, r in runs[env, key].items()}
                                                for key in (arm, "none" + arm[len("top_p"):])))
-        noise += [q] * len(pairs)
-        diffs += pairs.tolist()
         per_rate[q] = dict(zip(seeds, pairs.tolist()))
     if not per_rate:
         return ""
+    noise = [q for q, d in per_rate.items() for _ in d]
+    diffs = [v for d in per_rate.values() for v in d.values()]
 
     def tested(d):
         mean, low, high = st.mean_t_interval(d)

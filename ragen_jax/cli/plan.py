@@ -1,7 +1,9 @@
-"""`python -m ragen_jax.plan --config configs/<real-model config>.py --mesh DATAxFSDPxTENSOR`
+"""`python -m ragen_jax.plan --config configs/<real-model config>.py (--mesh DATAxFSDPxTENSOR | --target v5e-1)`
 
 Per-device memory and FLOPs of the train step for a model size and a device mesh, compiled on
-fake CPU devices with no weight allocated (`ragen_jax.analysis.planner` says how).
+fake CPU devices with no weight allocated (`ragen_jax.analysis.planner` says how); with
+`--target`, compiled by XLA's TPU compiler for that Cloud TPU slice on any machine
+(`pip install "ragen-jax[tpu]"`): whether it fits the chip, and the compiler's step-time estimate.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 import sys
 
 from ragen_jax.analysis.planner import PIECES, PlanError, parse_mesh, plan, report, use_fake_devices
+from ragen_jax.analysis.tpu_targets import TargetError, parse_target
 from ragen_jax.core import quiet
 
 EXIT_USAGE = 2
@@ -20,33 +23,46 @@ EXIT_USAGE = 2
 def main(argv=None) -> int:
     quiet.commands()
     parser = argparse.ArgumentParser(description="Per-device memory and FLOPs of the train step for a model size "
-                                                 "and mesh, compiled on fake CPU devices (no weights allocated).")
+                                                 "and mesh, compiled on fake CPU devices (no weights allocated), or "
+                                                 "by the TPU compiler for a Cloud TPU slice (--target).")
     parser.add_argument("--config", required=True, help="a config file, e.g. configs/sokoban_qwen2p5_3b.py")
-    parser.add_argument("--mesh", required=True, help="DATAxFSDPxTENSOR, e.g. 1x8x1")
+    parser.add_argument("--mesh", default=None, help="DATAxFSDPxTENSOR, e.g. 1x8x1 (with --target: default the "
+                                                     "config's mesh over all the slice's chips)")
+    parser.add_argument("--target", default=None, help="a Cloud TPU accelerator type to compile for with the TPU "
+                                                       "compiler: v5e-1, v5e-4, v5e-8, v6e-1, v6e-8, v4-8, v5p-8, …")
     parser.add_argument("--model", default=None, help="plan a preset's shapes (qwen2.5-0.5b … qwen2.5-7b) when the "
                                                       "config has no model.path")
     parser.add_argument("--no-step", action="store_true", help="skip compiling the whole train step")
-    parser.add_argument("--pieces", default=",".join(PIECES),
-                        help=f"pieces to compile, comma-separated from {','.join(PIECES)} (or 'none')")
+    parser.add_argument("--pieces", default=None,
+                        help=f"pieces to compile, comma-separated from {','.join(PIECES)} (or 'none'); default all "
+                             "of them, with --target the configured remat's and the decode step")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     args, rest = parser.parse_known_args(argv)
     try:
-        mesh = parse_mesh(args.mesh)
-    except PlanError as err:
+        target = parse_target(args.target) if args.target else None
+        if args.mesh is None and target is None:
+            raise PlanError("--mesh DATAxFSDPxTENSOR is required without --target (e.g. --mesh 1x8x1 or --target v5e-1)")
+        mesh = parse_mesh(args.mesh) if args.mesh else None
+    except (PlanError, TargetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    use_fake_devices(math.prod(mesh))  # before jax is imported (by ragen_jax.run.config)
+    # before jax is imported (by ragen_jax.run.config): the CPU plan's fake devices; a target's
+    # compile needs none (one CPU device hosts the compiles)
+    use_fake_devices(math.prod(mesh) if target is None else 1)
     from ragen_jax.run import config as config_lib
 
     overrides = config_lib.split_overrides(rest, parser.error)
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
-        pieces = tuple(p for p in args.pieces.split(",") if p and p != "none")
+        if args.pieces is None:
+            pieces = PIECES if target is None else (f"remat-{'on' if config.model.remat else 'off'}", "decode")
+        else:
+            pieces = tuple(p for p in args.pieces.split(",") if p and p != "none")
         if set(pieces) - set(PIECES):
             raise PlanError(f"--pieces={args.pieces!r}: allowed {','.join(PIECES)} or none")
         result = plan(config, mesh, args.model, compile_step=not args.no_step, pieces=pieces,
-                      log=lambda m: print(m, file=sys.stderr))
-    except (PlanError, config_lib.ConfigError) as err:
+                      log=lambda m: print(m, file=sys.stderr), target=target)
+    except (PlanError, TargetError, config_lib.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     print(report(result))

@@ -34,10 +34,17 @@ def on_cpu_per_device() -> bool:
     the sharded weights as they are; on a mesh a loop over the rows of a sharded batch puts
     collectives inside it (8 fake CPU devices deadlocked in them). Inside a `shard_map` over every
     mesh axis each device runs its own rows with no collectives, so it applies there too (a
-    data-parallel `sampling.generate`)."""
+    data-parallel `sampling.generate`). The platform is the traced mesh's, where there is one."""
     mesh = jax.sharding.get_abstract_mesh()
     per_device = jax.device_count() == 1 or (not mesh.empty and mesh.are_all_axes_manual)
-    return jax.default_backend() == "cpu" and per_device
+    return _platform(mesh) == "cpu" and per_device
+
+
+def _platform(mesh) -> str:
+    """The platform a program is traced for: its mesh's devices' (a program compiled for a TPU
+    topology from a CPU host, `plan --target`), else the default backend's."""
+    device = None if mesh.empty else mesh.abstract_device
+    return device.platform if device is not None else jax.default_backend()
 
 
 # ----------------------------------------------------------------------------- row chunks

@@ -5,9 +5,16 @@ token by token, it just stops depending on the input. So the alarm fires when MI
 has fallen by at least `drop_fraction` of its running peak while the token-level reasoning
 entropy has not fallen by more than `entropy_tolerance` (relative) from its value at that peak:
 
-    alarm = peak > 0  and  mi <= (1 - drop_fraction) * peak
+    alarm = peak > 0  and  peak >= floor
+            and  mi <= (1 - drop_fraction) * peak
             and  entropy >= (1 - entropy_tolerance) * entropy_at_peak
             and  mi < below
+
+`floor` is a level the EMA must once have reached (default 0 here: the relative rule alone;
+`diagnostics.alarm_floor`, 1 by default). A policy whose MI never rose (a real LM at ±0.01,
+docs/results.md) has a peak that is itself noise, and half of it is noise too. The peak is a
+running maximum, so `peak >= floor` stays true once reached, also in a run resumed from a
+checkpoint: the state needs no new field.
 
 `below` is an optional absolute level (default inf: the relative rule alone;
 `diagnostics.alarm_below`, where 0 means no level). A long healthy
@@ -55,6 +62,7 @@ def update(
     entropy_tolerance,
     observed=True,
     below=jnp.inf,
+    floor=0.0,
 ) -> tuple[CollapseState, jax.Array]:
     """Fold one diagnostic step in; returns (state, alarm: bool scalar). Pure jnp, jittable."""
     mi = jnp.asarray(mi_zscore_ema, jnp.float32)
@@ -66,7 +74,8 @@ def update(
     new_peak = ~state.seen | (mi > state.peak)
     peak = jnp.where(new_peak, mi, state.peak)
     entropy_at_peak = jnp.where(new_peak, entropy, state.entropy_at_peak)
-    dropped = (peak > 0) & (mi <= (1.0 - drop) * peak)
+    reached = (peak > 0) & (peak >= jnp.asarray(floor, jnp.float32))
+    dropped = reached & (mi <= (1.0 - drop) * peak)
     flat = entropy >= (1.0 - tolerance) * entropy_at_peak
     alarm = observed & dropped & flat & (mi < jnp.asarray(below, jnp.float32))
 

@@ -59,6 +59,9 @@ class DiagnosticsConfig:
     alarm_drop: float = 0.5  # alarm when MI-ZScore-EMA fell this fraction below its peak ...
     alarm_entropy_tolerance: float = 0.1  # ... while the entropy fell by at most this (relative)
     alarm_below: float = 0.0  # ... and only while MI-ZScore-EMA is below this level (0: no such level)
+    # ... and only once MI-ZScore-EMA has reached this level (0: no such level); 1 is far above a
+    # real LM's ±0.01 noise, far below the grounded tiny model's peaks of 9 to 21 (docs/method.md)
+    alarm_floor: float = 1.0
     prefill_rows: int = 8  # buffers per forward of the prefill (memory: rows × length²)
     # samples scored at a time under each column (0: all at once); bounds the scoring's working
     # set (the samples' prompt caches and vocabulary log-probs) on a large model
@@ -88,6 +91,9 @@ class DiagnosticsConfig:
         below = self.alarm_below
         if isinstance(below, bool) or not isinstance(below, (int, float)) or not math.isfinite(below) or below < 0:
             raise ValueError(f"diagnostics.alarm_below={below!r} must be a finite number >= 0 (0: no absolute level)")
+        floor = self.alarm_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < 0:
+            raise ValueError(f"diagnostics.alarm_floor={floor!r} must be a finite number >= 0 (0: no floor)")
 
 
 @struct.dataclass
@@ -258,7 +264,7 @@ def diagnose(
     collapse_state, alarm = collapse.update(
         state.collapse, first_metrics["mi_zscore_ema"], first_metrics["reasoning_token_entropy"],
         config.alarm_drop, config.alarm_entropy_tolerance, observed=first.valid.any(),
-        below=config.alarm_below or math.inf)
+        below=config.alarm_below or math.inf, floor=config.alarm_floor)
     metrics["mi/collapse_alarm"] = alarm
     metrics["mi/collapse_peak"] = collapse_state.peak
 

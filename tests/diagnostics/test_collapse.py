@@ -7,16 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.diagnostics.collapse import AlarmLog, CollapseState, collapse_warning, update
+from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
 
 f32 = np.float32
 
 
-def reference(steps, drop, tolerance, below=np.inf):
+def reference(steps, drop, tolerance, below=np.inf, floor=0.0):
     """docs/method.md#the-collapse-alarm read literally: alarm when MI-ZScore-EMA is at least
     `drop` of its running peak below that peak while the entropy is within `tolerance`
     (relative) of its value at the peak (and, when an absolute level `below` is given,
-    MI-ZScore-EMA is under it)."""
+    MI-ZScore-EMA is under it), once MI-ZScore-EMA has reached `floor` at some step."""
     peak = entropy_at_peak = None
+    reached = False
     alarms = []
     for mi, entropy, observed in steps:
         mi, entropy = f32(mi), f32(entropy)
@@ -25,17 +27,18 @@ def reference(steps, drop, tolerance, below=np.inf):
             continue
         if peak is None or mi > peak:
             peak, entropy_at_peak = mi, entropy
-        fell = peak > 0 and mi <= (f32(1) - f32(drop)) * peak
+        reached = reached or mi >= f32(floor)
+        fell = peak > 0 and reached and mi <= (f32(1) - f32(drop)) * peak
         flat = entropy >= (f32(1) - f32(tolerance)) * entropy_at_peak
         alarms.append(bool(fell and flat and mi < f32(below)))
     return alarms
 
 
 @jax.jit
-def run(mi, entropy, observed, drop, tolerance, below=np.inf):
+def run(mi, entropy, observed, drop, tolerance, below=np.inf, floor=0.0):
     def step(state, x):
         mi_t, entropy_t, observed_t = x
-        return update(state, mi_t, entropy_t, drop, tolerance, observed=observed_t, below=below)
+        return update(state, mi_t, entropy_t, drop, tolerance, observed=observed_t, below=below, floor=floor)
 
     return jax.lax.scan(step, CollapseState.create(), (mi, entropy, observed))
 
@@ -51,13 +54,14 @@ steps = st.lists(st.tuples(values, st.floats(0, 5).map(lambda x: round(x, 3)), s
 @settings(max_examples=200, deadline=None)
 @given(steps=steps, drop=st.floats(1 / 64, 1.0, width=32),
        tolerance=st.floats(0.0, 1.0, width=32),
-       below=st.one_of(st.just(np.inf), st.floats(-1, 6).map(lambda x: round(x, 3))))
-def test_alarm_matches_python_loop(steps, drop, tolerance, below):
+       below=st.one_of(st.just(np.inf), st.floats(-1, 6).map(lambda x: round(x, 3))),
+       floor=st.one_of(st.just(0.0), st.floats(0, 6).map(lambda x: round(x, 3))))
+def test_alarm_matches_python_loop(steps, drop, tolerance, below, floor):
     pad = 12 - len(steps)  # one compiled shape: unobserved padding at the end changes nothing
     mi, entropy, observed = (np.array([s[k] for s in steps] + [0] * pad) for k in range(3))
     _, alarms = run(jnp.asarray(mi, jnp.float32), jnp.asarray(entropy, jnp.float32),
-                    jnp.asarray(observed, bool), f32(drop), f32(tolerance), f32(below))
-    assert np.asarray(alarms)[: len(steps)].tolist() == reference(steps, drop, tolerance, below)
+                    jnp.asarray(observed, bool), f32(drop), f32(tolerance), f32(below), f32(floor))
+    assert np.asarray(alarms)[: len(steps)].tolist() == reference(steps, drop, tolerance, below, floor)
     assert not np.asarray(alarms)[len(steps):].any()
 
 
@@ -81,6 +85,45 @@ def test_known_cases():
     assert not np.asarray(alarms).any()
     _, alarms = run(mi, flat, jnp.ones(5, bool), drop, tol, 2.0)
     assert np.asarray(alarms).tolist() == [False, False, False, True, True]
+
+
+def test_the_floor_keeps_a_peak_of_noise_quiet():
+    """A real LM's MI-ZScore-EMA (±0.01, docs/results.md) that peaks and halves never alarms under
+    the default floor of 1; the same shape 1000× larger (a grounded peak of 12) alarms at the
+    same steps as with no floor; a floor of 0 is the relative rule exactly; and the floor holds
+    in a run resumed from a checkpoint of the state."""
+    drop, tol, floor = 0.5, 0.1, DiagnosticsConfig().alarm_floor
+    assert floor == 1.0
+    grounded = jnp.array([6.0, 12.0, 9.0, 5.0, -1.0, 4.0, 2.0, 3.0], jnp.float32)
+    noise = grounded / 1000
+    flat, seen = jnp.full(8, 0.4, jnp.float32), jnp.ones(8, bool)
+    relative = [False, False, False, True, True, True, True, True]  # at or under 6 after the peak of 12
+
+    for mi in (noise, grounded):
+        _, alarms = run(mi, flat, seen, drop, tol)
+        assert np.asarray(alarms).tolist() == relative
+        _, alarms = run(mi, flat, seen, drop, tol, np.inf, 0.0)
+        assert np.asarray(alarms).tolist() == relative
+    _, alarms = run(noise, flat, seen, drop, tol, np.inf, floor)
+    assert not np.asarray(alarms).any()
+    _, alarms = run(grounded, flat, seen, drop, tol, np.inf, floor)
+    assert np.asarray(alarms).tolist() == relative
+    # the floor is met by the peak itself (12 >= 12), and missed just above it
+    _, alarms = run(grounded, flat, seen, drop, tol, np.inf, 12.0)
+    assert np.asarray(alarms).tolist() == relative
+    _, alarms = run(grounded, flat, seen, drop, tol, np.inf, 12.5)
+    assert not np.asarray(alarms).any()
+
+    # a resume: the state after 4 steps, restored from host arrays, remembers in its peak that
+    # the floor was reached, so later values in the noise still alarm
+    state, _ = run(grounded[:4], flat[:4], seen[:4], drop, tol, np.inf, floor)
+    restored = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), state)
+    scan = jax.jit(lambda state, mi, entropy: jax.lax.scan(
+        lambda s, x: update(s, x[0], x[1], drop, tol, floor=floor), state, (mi, entropy)))
+    _, alarms = scan(restored, grounded[4:], flat[4:])
+    assert np.asarray(alarms).tolist() == relative[4:]
+    _, alarms = scan(restored, noise[4:], flat[4:])
+    assert np.asarray(alarms).all()
 
 
 def test_warning_text():

@@ -187,6 +187,20 @@ def test_outputs_and_state(results):
     assert 0.0 < copy1["mi/first_turn/reasoning_token_entropy"] < 1.0
 
 
+def test_the_alarm_floor_reaches_the_alarm(traj, template_model, results):
+    """After the board-copying model's steps, the template model's step raises the alarm under
+    the default floor (the copy's MI-ZScore-EMA peak is far above 1) and stays quiet under a
+    floor above that peak: `diagnostics.alarm_floor` is what the jitted alarm uses."""
+    _, _, copy2, (_, _, state2), _ = results
+    peak = copy2["mi/collapse_peak"]
+    assert peak > CONFIG.alarm_floor == 1.0
+    alarmed, _ = _DIAGNOSE(template_model, traj, jax.random.key(3), CONFIG, state2, group_size=SIZE)
+    assert float(alarmed["mi/collapse_alarm"]) == 1.0
+    higher = dataclasses.replace(CONFIG, alarm_floor=peak + 1.0)
+    quiet, _ = _DIAGNOSE(template_model, traj, jax.random.key(3), higher, state2, group_size=SIZE)
+    assert float(quiet["mi/collapse_alarm"]) == 0.0 and float(quiet["mi/collapse_peak"]) == peak
+
+
 def test_a_data_mesh_scores_rows_per_device_with_the_same_metrics(traj, copy_model, results):
     """On a mesh that splits only `data`, every device prefills and scores its own rows
     (sharding.per_device_rows; 8 devices: 2 rows each, one per-turn sample each): the metrics of
@@ -230,7 +244,9 @@ def test_switches_drop_their_metrics(traj, template_model):
                                           ("action_grounding", "yes"), ("alarm_drop", 0.0), ("alarm_drop", 1.5),
                                           ("alarm_entropy_tolerance", -0.1),
                                           ("alarm_entropy_tolerance", float("nan")), ("alarm_below", -1.0),
-                                          ("alarm_below", float("inf")), ("alarm_below", True)])
+                                          ("alarm_below", float("inf")), ("alarm_below", True),
+                                          ("alarm_floor", -0.5), ("alarm_floor", float("nan")),
+                                          ("alarm_floor", False)])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=rf"diagnostics\.{field}="):
         DiagnosticsConfig(**{field: value})

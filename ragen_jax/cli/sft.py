@@ -1,7 +1,8 @@
 """`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--batch-size B] [--lr LR] [--init W] [--name-holes] [--export HF_DIR]`
 
 Supervised warm start from solver demonstrations (`ragen_jax.training.sft` says how), saved as
-a checkpoint that `train` can start from (`--config.model.init=DIR`).
+a checkpoint that `train` can start from (`--config.model.init=DIR`). The fit shows `train`'s
+progress bar on stderr (steps, loss, time left; off with `--config.logging.progress=false`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         return 2
     compile_cache.enable()
     log = lambda message: print(message, file=sys.stderr)
-    warm_start(exp, sft, log)
+    warm_start(exp, sft, log, progress=exp.run.settings.logging.progress)  # train's bar, and its switch
     validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.settings.eval,
                           exp.run.step.rollout)
     metrics, _ = validator(nnx.state(exp.model))

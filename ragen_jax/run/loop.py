@@ -46,6 +46,7 @@ import jax
 from ragen_jax.core import distributed
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import check_writable_dir, write_atomically
+from ragen_jax.core.progress import progress_bar, tell
 from ragen_jax.diagnostics import reasoning_check
 from ragen_jax.diagnostics.collapse import AlarmLog
 from ragen_jax.rl.algorithms import AUTO
@@ -241,14 +242,6 @@ def latest_values(records: list[dict], latest: dict | None = None) -> dict:
     return latest
 
 
-def tell(message: str, bar) -> None:
-    """A line on stderr, above the progress bar when there is one (not appended to it)."""
-    if bar is None:
-        print(message, file=sys.stderr)
-    else:
-        bar.write(message, file=sys.stderr)
-
-
 def validation_metrics(validator, policy, exp) -> dict:
     """`val/` metrics of `policy`. Validation draws its keys from eval.seed only, so it leaves
     the training's PRNG key (and an exact resume) alone."""
@@ -326,9 +319,7 @@ def _loop(run: config_lib.RunConfig, workdir: Path, exp, trainer, checkpoints: C
     steps = settings.train.steps
     bar = None
     if settings.logging.progress and lead:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr)
+        bar = progress_bar(steps, "train", initial=start)
     reason, step = None, start
     try:
         if validator is not None and start == 0 and settings.train.validate_at_start:  # the initial policy

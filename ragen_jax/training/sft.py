@@ -41,6 +41,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from ragen_jax.core.progress import progress_bar, tell
 from ragen_jax.envs import registry
 from ragen_jax.envs.game import require_solver
 from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
@@ -143,8 +144,10 @@ class SFTConfig:
             raise ValueError(f"sft.noise={self.noise} must be in [0, 1]")
 
 
-def fit(model, data: Trajectories, config: SFTConfig, log=print):
-    """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses."""
+def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False):
+    """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
+    (each epoch's mean). `progress`: `train`'s bar on stderr (steps, the last step's loss, time
+    spent and left), with the epoch lines above it; a real model's fit takes minutes."""
     batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
@@ -167,16 +170,24 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print):
 
     rng = np.random.default_rng(config.seed)
     losses = []
-    for epoch in range(config.epochs):
-        order = rng.permutation(rows)
-        epoch_losses = []
-        for i in range(steps_per_epoch):
-            idx = order[i * config.batch_size:(i + 1) * config.batch_size]
-            mb = jax.tree.map(lambda a: a[idx], batch)
-            params, opt, loss = update(params, opt, compact(mb) if config.compact else mb)
-            epoch_losses.append(float(loss))
-        losses.append(float(np.mean(epoch_losses)))
-        log(f"epoch {epoch + 1}/{config.epochs}: loss {losses[-1]:.4f}")
+    bar = progress_bar(total, "sft") if progress else None
+    try:
+        for epoch in range(config.epochs):
+            order = rng.permutation(rows)
+            epoch_losses = []
+            for i in range(steps_per_epoch):
+                idx = order[i * config.batch_size:(i + 1) * config.batch_size]
+                mb = jax.tree.map(lambda a: a[idx], batch)
+                params, opt, loss = update(params, opt, compact(mb) if config.compact else mb)
+                epoch_losses.append(float(loss))
+                if bar is not None:
+                    bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}", refresh=False)
+                    bar.update(1)
+            losses.append(float(np.mean(epoch_losses)))
+            tell(f"epoch {epoch + 1}/{config.epochs}: loss {losses[-1]:.4f}", bar, log)
+    finally:
+        if bar is not None:
+            bar.close()
     nnx.update(model, params)
     return losses
 
@@ -190,8 +201,9 @@ def check_env(env, config: SFTConfig) -> None:
     require_solver(env, "the supervised warm start")
 
 
-def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
-    """Generate `config.episodes` demonstrations for the experiment's env and fit its model."""
+def warm_start(exp, config: SFTConfig, log=print, progress: bool = False) -> list[float]:
+    """Generate `config.episodes` demonstrations for the experiment's env and fit its model
+    (`progress`: the fit's bar, as `fit` says)."""
     check_env(exp.env, config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=min(256, config.episodes), group_size=1)
     params = deterministic(exp.env, exp.env_params)
@@ -208,4 +220,4 @@ def warm_start(exp, config: SFTConfig, log=print) -> list[float]:
     success = float(np.mean(np.asarray(data.success)))
     log(f"{config.episodes} demonstrations in {time.perf_counter() - started:.0f} s "
         f"(success {success:.2f}, noise {config.noise})")
-    return fit(exp.model, data, config, log)
+    return fit(exp.model, data, config, log, progress)

@@ -255,6 +255,27 @@ def test_sft_bad_input_gives_one_line_and_writes_nothing(case, capsys, tmp_path)
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("flag, shown", [([], True), (["--config.logging.progress=false"], False)])
+def test_sft_shows_the_fits_progress_under_trains_switch(flag, shown, monkeypatch, tmp_path):
+    """`sft` asks the fit for train's progress bar under train's switch, logging.progress (on by
+    default). The bar itself: tests/training/test_sft.py."""
+    from ragen_jax.cli import sft
+
+    class Stop(Exception):
+        pass
+
+    asked = []
+
+    def fit_here(exp, config, log, progress=False):  # the config as far as the fit, then stop
+        asked.append(progress)
+        raise Stop
+
+    monkeypatch.setattr(sft, "warm_start", fit_here)
+    with pytest.raises(Stop):
+        sft.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), "--config.mesh.data=1", *flag])
+    assert asked == [shown]
+
+
 def test_a_workdir_with_another_config_is_refused(full_run, capsys):
     before = (full_run / "metrics.jsonl").read_text()
     code = train.main(["--config", CONFIG, "--workdir", str(full_run), *SMALL, "--config.algo.actor_lr=0.5"])

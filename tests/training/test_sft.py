@@ -2,6 +2,7 @@
 the fit lowers the loss, and the shipped warm starts load, play and read the board."""
 
 import re
+import sys
 
 import jax
 import numpy as np
@@ -111,6 +112,28 @@ def test_fit_lowers_the_loss(demos):
     losses = sft.fit(model, traj, sft.SFTConfig(epochs=4, batch_size=4, lr=3e-3, warmup_steps=1),
                      log=lambda _: None)
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_the_fit_shows_its_progress_and_keeps_its_numbers(demos, capsys):
+    """With `progress` the fit draws train's bar on stderr: steps done of the total, the last
+    step's loss, time spent and left; each epoch's line goes above it, not onto it. The losses
+    are exactly those of the same fit without the bar."""
+    _, _, traj = demos
+    config = sft.SFTConfig(epochs=2, batch_size=4, lr=3e-3, warmup_steps=1)
+    quiet = sft.fit(tiny_model(1, TEST_LAYERS), traj, config, log=lambda _: None)
+    assert capsys.readouterr().err == ""
+    shown = sft.fit(tiny_model(1, TEST_LAYERS), traj, config, log=lambda line: print(line, file=sys.stderr),
+                    progress=True)
+    assert shown == quiet
+    err = capsys.readouterr().err
+    total = traj.tokens.shape[0] // config.batch_size * config.epochs
+    states = [state for line in err.split("\n") for state in line.split("\r")]
+    last = [state for state in states if f"{total}/{total}" in state][-1]
+    assert re.match(rf"sft: 100%.* {total}/{total} \[\d\d:\d\d<00:00, .*loss=\d+\.\d{{4}}\]$", last), last
+    assert any(re.search(rf" 1/{total} \[\d\d:\d\d<\d\d:\d\d", state) for state in states), err  # time left
+    lines = [line.rsplit("\r", 1)[-1] for line in err.split("\n")]
+    assert [line for line in lines if line.startswith("epoch")] == [
+        f"epoch {e + 1}/2: loss {loss:.4f}" for e, loss in enumerate(shown)], err
 
 
 @pytest.mark.parametrize("env, init", [("sokoban", ""), ("frozenlake", ""), ("frozenlake", "builtin:frozenlake-tiny")])

@@ -346,7 +346,7 @@ def model_config(config, preset: str | None):
     return DecoderConfig.preset(name, **numerics), name
 
 
-PIECES = ("remat-on", "remat-off", "decode")
+PIECES = ("remat-on", "remat-off", "update", "decode")
 
 
 def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = True, pieces=PIECES,
@@ -355,7 +355,8 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     mesh is of the devices present (fake CPU devices from `main`), or with `target` (a
     `tpu_targets.Target`) of that TPU slice's chips, compiled by the TPU compiler; `mesh_shape`
     None there: the config's mesh over all its chips. `pieces`: which of the micro-batch
-    forward+backward ("remat-on", "remat-off") and the decode step ("decode") to compile."""
+    forward+backward's memory ("remat-on", "remat-off") and the compiler's cost of it
+    ("update") and of a decode step ("decode") to compile (`_pieces`)."""
     import jax
 
     from ragen_jax.analysis import tpu_targets
@@ -429,7 +430,7 @@ def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices
 
 
 def _compiled_or_oom(compile_fn):
-    """(compile_fn(), None), or (None, {need, available, whole}) when the TPU compiler found
+    """(compile_fn(), None), or (None, {need, available, whole, compiler}) when the TPU compiler found
     that the program does not fit the chip's memory; other errors propagate."""
     from ragen_jax.analysis.tpu_targets import out_of_memory
 
@@ -440,7 +441,8 @@ def _compiled_or_oom(compile_fn):
         if oom is None:
             raise
         need, available, whole = oom
-        return None, {"need": need, "available": available, "whole": whole}
+        # the compiler's account (its largest allocations, where it gives them) for the JSON
+        return None, {"need": need, "available": available, "whole": whole, "compiler": str(err)[:20000]}
 
 
 def _cost(compiled) -> dict:
@@ -570,13 +572,17 @@ def _compile_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None, dic
 
 
 def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, seconds: dict, which) -> dict:
-    """Compile the pieces the step repeats: the policy's forward+backward on one micro-batch
-    (with and without rematerialisation) and one decode step of the rollout at the last turn.
-    Returns their per-device temporaries and their FLOPs (XLA and analytic, whole mesh).
+    """Compile the pieces the step repeats. "remat-on" / "remat-off": the policy's
+    forward+backward on one micro-batch as configured (scanned layers, chunked vocabulary), with
+    and without rematerialisation: its per-device temporaries, arguments and gradients.
+    "update" and "decode": the compiler's cost (FLOPs, bytes accessed, optimal seconds) of that
+    forward+backward and of one decode step of the rollout at the last turn, next to the
+    analytic FLOPs (whole mesh).
 
-    XLA counts a loop's body once, so the FLOPs are counted on the same pieces with every loop
-    of the model unrolled (layers not scanned, the vocabulary in one piece); the memory is the
-    piece's as configured."""
+    XLA counts a loop's body once, so costs are counted with every loop of the model unrolled
+    (layers not scanned, the vocabulary in one piece), on the model cut to one or two layers and
+    a vocabulary of 1,024 or 2,048 entries, from which the real model's cost follows
+    (`_by_shape`): three small compiles take a fraction of the time of one of the whole model."""
     import jax
     from flax import nnx
 
@@ -594,7 +600,6 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
 
     mb = micro_batch.micro_batch_inputs(micro, s, k, mesh)
     memory, flops, costs, does_not_fit = {}, {}, {}, {}
-    unrolled = dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)
 
     def params_of(model_cfg):
         if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
@@ -604,6 +609,9 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     def micro_batch_gradient(model_cfg):
         return micro_batch.compile_gradient(nnx.graphdef(_abstract(Decoder, model_cfg)), params_of(model_cfg), mb,
                                             mesh, lora=model_cfg.lora.rank > 0)
+
+    def unrolled(layers, vocab):
+        return dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0, num_layers=layers, vocab_size=vocab)
 
     for remat in (True, False):
         if f"remat-{'on' if remat else 'off'}" not in which:
@@ -620,25 +628,56 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
             memory["micro-batch arguments"] = int(stats.argument_size_in_bytes)
             memory["micro-batch inputs"] = _bytes(mb)
             memory["gradients"] = int(stats.output_size_in_bytes)
-            fwd = forward_flops(cfg, micro * s, s, 0)
-            head = forward_flops(cfg, 0, 0, micro * k)
-            counted = compiled if unrolled == cfg else micro_batch_gradient(unrolled)
-            costs["micro-batch fwd+bwd"] = _cost(counted)
-            flops["micro-batch fwd+bwd"] = (costs["micro-batch fwd+bwd"]["flops"] * devices,
-                                            (4 if remat else 3) * fwd + 4 * head)
 
+    if "update" in which:
+        started = time.perf_counter()
+        costs["micro-batch fwd+bwd"] = _by_shape(cfg.num_layers, cfg.vocab_size,
+                                                 lambda n, v: micro_batch_gradient(unrolled(n, v)))
+        seconds["micro-batch fwd+bwd cost"] = time.perf_counter() - started
+        fwd = forward_flops(cfg, micro * s, s, 0)
+        head = forward_flops(cfg, 0, 0, micro * k)
+        flops["micro-batch fwd+bwd"] = (costs["micro-batch fwd+bwd"]["flops"] * devices,
+                                        (4 if cfg.remat else 3) * fwd + 4 * head)
     if "decode" in which:
-        seconds["decode step"], costs["decode step (last turn)"], analytic = _decode_piece(
-            cfg, mesh, params_of(unrolled), array, rows, layout, batch)
-        flops["decode step (last turn)"] = (costs["decode step (last turn)"]["flops"] * devices, analytic)
+        started = time.perf_counter()
+        costs["decode step (last turn)"] = _by_shape(
+            cfg.num_layers, cfg.vocab_size,
+            lambda n, v: _compile_decode_step(unrolled(n, v), mesh, params_of(unrolled(n, v)), array, rows, layout,
+                                              batch))
+        seconds["decode step cost"] = time.perf_counter() - started
+        offset = layout.generation_offset(layout.turns - 1) + layout.generation - 1
+        flops["decode step (last turn)"] = (costs["decode step (last turn)"]["flops"] * devices,
+                                            forward_flops(cfg, batch, offset + 1, batch))
     return {"memory": memory, "flops": flops, "costs": costs, "does_not_fit": does_not_fit}
 
 
-def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: int):
-    """Compile one decode step of the rollout at the last turn over the whole batch, with the
-    layers unrolled (`params` of that model); `array` makes a row-split input, `rows` is the
-    mesh axis the rows are split over (or None). Returns (compile seconds, the compiler's cost
-    per device, analytic FLOPs of the whole mesh)."""
+def _by_shape(layers: int, vocab: int, compile_with) -> dict:
+    """The compiler's cost of a model of `layers` identical layers and a `vocab`-entry
+    vocabulary, from small models of the same widths: every layer costs the same, and the
+    embedding and head cost in proportion to the vocabulary, so with c(n, v) the _cost of
+    `compile_with(n, v)`, cost = c(1, v1) + (layers − 1) Δlayer + (vocab − v1) Δentry, the
+    deltas from c(2, v1) and c(1, v2). FLOPs come out within 0.1%; bytes accessed close (the compiler
+    fuses a small model a little differently). An optimal-seconds figure the compiler does not
+    give (negative) stays negative."""
+    v1 = min(1024, vocab)
+    v2 = min(2 * v1, vocab)
+    base = _cost(compile_with(1, v1))
+    per_layer = _delta(_cost(compile_with(2, v1)), base, 1) if layers > 1 else dict.fromkeys(base, 0.0)
+    per_entry = _delta(_cost(compile_with(1, v2)), base, v2 - v1) if v2 > v1 else dict.fromkeys(base, 0.0)
+    out = {key: base[key] + (layers - 1) * per_layer[key] + (vocab - v1) * per_entry[key] for key in base}
+    if base["optimal_seconds"] < 0:
+        out["optimal_seconds"] = -1.0
+    return out
+
+
+def _delta(bigger: dict, base: dict, units: int) -> dict:
+    return {key: (bigger[key] - base[key]) / units for key in base}
+
+
+def _compile_decode_step(cfg, mesh, params, array, rows, layout: BufferLayout, batch: int):
+    """One decode step of the rollout at the last turn over the whole batch, compiled for the
+    model `cfg` (`params` of it); `array` makes a row-split input, `rows` is the mesh axis the
+    rows are split over (or None)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -646,7 +685,7 @@ def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: i
     from ragen_jax.models.cache import DecodeContext, init_cache
     from ragen_jax.models.decoder import Decoder
 
-    graph = nnx.graphdef(_abstract(Decoder, dataclasses.replace(cfg, scan_layers=False, vocab_chunk=0)))
+    graph = nnx.graphdef(_abstract(Decoder, cfg))
     kv = jax.eval_shape(lambda: init_cache(cfg, batch, layout.length))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
     cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
@@ -659,11 +698,8 @@ def _decode_piece(cfg, mesh, params, array, rows, layout: BufferLayout, batch: i
         return model.logits(hidden[:, 0]), cache
 
     i32 = jnp.int32
-    started = time.perf_counter()
-    compiled = jax.jit(decode_step).lower(params, cache, array((batch, 1), i32), array((batch, 1), i32),
-                                          array((batch, 1), bool)).compile()
-    seconds = time.perf_counter() - started
-    return seconds, _cost(compiled), forward_flops(cfg, batch, offset + 1, batch)
+    return jax.jit(decode_step).lower(params, cache, array((batch, 1), i32), array((batch, 1), i32),
+                                      array((batch, 1), bool)).compile()
 
 
 # ----------------------------------------------------------------------------- report

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-step", action="store_true", help="skip compiling the whole train step")
     parser.add_argument("--pieces", default=None,
                         help=f"pieces to compile, comma-separated from {','.join(PIECES)} (or 'none'); default all "
-                             "of them, with --target the configured remat's and the decode step")
+                             "of them, with --target the costs (update, decode): the whole step gives the memory")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     args, rest = parser.parse_known_args(argv)
     try:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
         if args.pieces is None:
-            pieces = PIECES if target is None else (f"remat-{'on' if config.model.remat else 'off'}", "decode")
+            pieces = PIECES if target is None else ("update", "decode")
         else:
             pieces = tuple(p for p in args.pieces.split(",") if p and p != "none")
         if set(pieces) - set(PIECES):

@@ -5,14 +5,18 @@ the per-device parameter bytes — sharded abstract state and compiled executabl
 agree with the analytic count. The rollout is cut to one short turn to keep the compile
 quick; the model's shapes are the real ones."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from ragen_jax.analysis import planner
 from ragen_jax.cli import plan
 from ragen_jax.models.config import DecoderConfig
+from ragen_jax.models.decoder import Decoder
+from ragen_jax.training import micro_batch
 from ragen_jax.run import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +29,7 @@ SHORT = {"rollout.num_groups": "8", "rollout.group_size": "2", "rollout.max_turn
 @pytest.fixture(scope="module")
 def result():
     config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), SHORT)
-    return planner.plan(config, (1, 8, 1), preset="qwen2.5-0.5b", compile_step=False, pieces=("remat-on",))
+    return planner.plan(config, (1, 8, 1), preset="qwen2.5-0.5b", compile_step=False, pieces=("remat-on", "update"))
 
 
 def test_parameter_bytes_match_the_analytic_count(result):
@@ -45,6 +49,23 @@ def test_parameter_bytes_match_the_analytic_count(result):
     compiled = result.memory["micro-batch arguments"] - result.memory["micro-batch inputs"]
     assert compiled == exact
     assert result.memory["gradients"] == pytest.approx(exact, rel=1e-5)  # + the output tuple's bookkeeping
+
+
+def test_costs_counted_on_small_models_are_the_whole_models():
+    """The pieces' FLOPs come from the model cut to one or two unrolled layers and a smaller
+    vocabulary (`_by_shape`): the same as compiling the whole model unrolled."""
+    cfg = dataclasses.replace(DecoderConfig.preset("tiny"), scan_layers=False, vocab_chunk=0)
+    batch = micro_batch.micro_batch_inputs(4, 64, 16, None)
+
+    def compile_with(layers, vocab):
+        model = nnx.eval_shape(lambda: Decoder(dataclasses.replace(cfg, num_layers=layers, vocab_size=vocab),
+                                               rngs=nnx.Rngs(0)))
+        return micro_batch.compile_gradient(nnx.graphdef(model), micro_batch.abstract_params(nnx.state(model), None),
+                                            batch, None)
+
+    by_shape, whole = planner._by_shape(5, 3000, compile_with), planner._cost(compile_with(5, 3000))
+    assert by_shape["flops"] == pytest.approx(whole["flops"], rel=1e-3)
+    assert by_shape["bytes accessed"] == pytest.approx(whole["bytes accessed"], rel=0.05)
 
 
 def test_flops_and_activations_are_reported(result):

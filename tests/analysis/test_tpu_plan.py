@@ -66,7 +66,7 @@ def reduced_tiny(**extra):
 @pytest.fixture(scope="module")
 def one_chip():
     return planner.plan(reduced_tiny(), None, target=tpu_targets.parse_target("v5e-1"),
-                        pieces=("remat-off", "decode"))
+                        pieces=("update", "decode"))
 
 
 @needs_libtpu

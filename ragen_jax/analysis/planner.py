@@ -282,8 +282,13 @@ class Plan:
 _ABSTRACT = {}
 
 
-def _abstract(module, cfg):
-    """`nnx.eval_shape` of a module (cached: tracing the initialisers of a 7B model takes seconds)."""
+def abstract_model(cfg, module=None):
+    """`nnx.eval_shape` of a module (default the policy `Decoder`) of model config `cfg`
+    (cached: tracing the initialisers of a 7B model takes seconds)."""
+    if module is None:
+        from ragen_jax.models.decoder import Decoder
+
+        module = Decoder
     from flax import nnx
 
     if (module, cfg) not in _ABSTRACT:
@@ -362,7 +367,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
     from ragen_jax.analysis import tpu_targets
 
     if target is not None:
-        with _not_written_to_disk_cache():
+        with not_written_to_disk_cache():
             return _plan(config, mesh_shape, preset, compile_step, pieces, log, target,
                          tpu_targets.compile_only_devices(target))
     devices = jax.devices()  # the devices present; on a TPU host, its slice
@@ -371,7 +376,7 @@ def plan(config, mesh_shape, preset: str | None = None, compile_step: bool = Tru
 
 
 @contextlib.contextmanager
-def _not_written_to_disk_cache():
+def not_written_to_disk_cache():
     """Programs compiled for devices that are not attached cannot be loaded back from jax's
     persistent compilation cache (reading one warns): none is written there meanwhile."""
     import jax
@@ -386,12 +391,10 @@ def _not_written_to_disk_cache():
 
 def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices) -> Plan:
     """`plan` on `devices`, those of `target` (None: not a TPU slice)."""
-    from ragen_jax.models.decoder import Decoder
-
-    cfg, name, mesh, trainer, layout = _abstract_trainer(config, mesh_shape, preset, devices)
+    cfg, name, mesh, trainer, layout, _ = abstract_trainer(config, mesh_shape, preset, devices)
     mesh_shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
     step_config, algo = trainer.config, trainer.config.algo
-    state = trainer.abstract_state(_abstract(Decoder, cfg))  # weights and moments placed by the mesh's rules
+    state = trainer.abstract_state(abstract_model(cfg))  # weights and moments placed by the mesh's rules
     memory = {
         "parameters": _bytes(state.policy),
         "optimiser": _bytes(state.policy_opt),
@@ -413,7 +416,7 @@ def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices
     if compile_step:
         where = f"for {target.name}" if target is not None else f"on {mesh.size} devices"
         log(f"compiling the whole train step {where} (--no-step skips it) ...")
-        step, oom = _compile_step(trainer, state, mesh, seconds)
+        step, oom = compile_train_step(trainer, state, mesh, seconds)
         if oom:
             does_not_fit["train step"] = oom
     chip = None
@@ -429,7 +432,7 @@ def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices
                 chip=chip, costs=costs, does_not_fit=does_not_fit)
 
 
-def _compiled_or_oom(compile_fn):
+def compiled_or_oom(compile_fn):
     """(compile_fn(), None), or (None, {need, available, whole, compiler}) when the TPU compiler found
     that the program does not fit the chip's memory; other errors propagate."""
     from ragen_jax.analysis.tpu_targets import out_of_memory
@@ -456,13 +459,13 @@ def _cost(compiled) -> dict:
             "optimal_seconds": float(analysis.get("optimal_seconds", math.nan))}
 
 
-def _abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
+def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
     """The run of `config` on a `mesh_shape` mesh of the first of `devices` (default: the
     devices present; `mesh_shape` None: the config's mesh over all of them), with the model
-    built abstractly: (model config, model name, mesh, `Trainer`, token-buffer layout)."""
+    built abstractly: (model config, model name, mesh, `Trainer`, token-buffer layout, the
+    built run config)."""
     import jax
 
-    from ragen_jax.models.decoder import Decoder
     from ragen_jax.core import sharding
     from ragen_jax.run.config import ConfigError, build
     from ragen_jax.training.step import Trainer
@@ -487,8 +490,8 @@ def _abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
     run = build(config, len(devices))
     mesh = sharding.make_mesh(run.mesh_shape, devices)
     env, env_params, codec, prompt = _text_setup(run, cfg)
-    trainer = Trainer(run.step, _abstract(Decoder, cfg), env, env_params, codec, prompt, mesh)
-    return cfg, name, mesh, trainer, buffer_layout(env, env_params, codec, prompt, run.step.rollout)
+    trainer = Trainer(run.step, abstract_model(cfg), env, env_params, codec, prompt, mesh)
+    return cfg, name, mesh, trainer, buffer_layout(env, env_params, codec, prompt, run.step.rollout), run
 
 
 def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
@@ -541,13 +544,10 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
     return analytic
 
 
-def _compile_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None, dict | None]:
-    """Compile the whole train step for `state`'s shardings: (its memory_analysis in bytes per
-    device — arguments, outputs, aliased, temporaries and the peak — or None, and None or what
-    the TPU compiler said it needs when it does not fit). The peak is the compiler's own
-    (`peak_memory_in_bytes`: the TPU compiler counts live buffers, less than the parts' sum)
-    where it gives one, else arguments + outputs − aliased + temporaries. Adds its compile time
-    to `seconds`."""
+def compile_train_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None, dict | None]:
+    """Compile the whole train step for `state`'s shardings: (its `memory_figures` or None, and
+    None or what the TPU compiler said it needs when it does not fit). Adds its compile time to
+    `seconds`."""
     import jax
 
     from ragen_jax.core import sharding
@@ -555,20 +555,28 @@ def _compile_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None, dic
     shardings = jax.tree.map(lambda x: x.sharding, state)
     started = time.perf_counter()
 
-    def compile_step():
+    def lower_and_compile():
         with sharding.tracing_on(mesh):
             return jax.jit(trainer.step_fn, donate_argnums=0, out_shardings=(shardings, sharding.replicated(mesh))
                            ).lower(state, trainer.codec, trainer.prompt).compile()
 
-    compiled, oom = _compiled_or_oom(compile_step)
+    compiled, oom = compiled_or_oom(lower_and_compile)
     seconds["train step"] = time.perf_counter() - started
     if compiled is None:
         return None, oom
+    return memory_figures(compiled), None
+
+
+def memory_figures(compiled) -> dict:
+    """A compiled program's memory per device from its compiler: arguments, outputs, aliased,
+    temporaries, and the peak — the compiler's own (`peak_memory_in_bytes`: the TPU compiler
+    counts the buffers live at once) where it gives one, else arguments + outputs − aliased +
+    temporaries."""
     stats = compiled.memory_analysis()
-    step = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
-    step["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0)) or (
-        step["argument"] + step["output"] - step["alias"] + step["temp"])
-    return step, None
+    memory = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
+    memory["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0)) or (
+        memory["argument"] + memory["output"] - memory["alias"] + memory["temp"])
+    return memory
 
 
 def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, seconds: dict, which) -> dict:
@@ -586,7 +594,6 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     import jax
     from flax import nnx
 
-    from ragen_jax.models.decoder import Decoder
     from ragen_jax.core import sharding
     from ragen_jax.training import micro_batch
 
@@ -604,10 +611,10 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
     def params_of(model_cfg):
         if model_cfg == dataclasses.replace(cfg, remat=model_cfg.remat):
             return policy
-        return micro_batch.abstract_params(nnx.state(_abstract(Decoder, model_cfg)), mesh)
+        return micro_batch.abstract_params(nnx.state(abstract_model(model_cfg)), mesh)
 
     def micro_batch_gradient(model_cfg):
-        return micro_batch.compile_gradient(nnx.graphdef(_abstract(Decoder, model_cfg)), params_of(model_cfg), mb,
+        return micro_batch.compile_gradient(nnx.graphdef(abstract_model(model_cfg)), params_of(model_cfg), mb,
                                             mesh, lora=model_cfg.lora.rank > 0)
 
     def unrolled(layers, vocab):
@@ -617,7 +624,7 @@ def _pieces(cfg, mesh, policy, layout: BufferLayout, micro: int, batch: int, sec
         if f"remat-{'on' if remat else 'off'}" not in which:
             continue
         started = time.perf_counter()
-        compiled, oom = _compiled_or_oom(lambda: micro_batch_gradient(dataclasses.replace(cfg, remat=remat)))
+        compiled, oom = compiled_or_oom(lambda: micro_batch_gradient(dataclasses.replace(cfg, remat=remat)))
         seconds[f"micro-batch fwd+bwd (remat={remat})"] = time.perf_counter() - started
         if compiled is None:
             does_not_fit[f"micro-batch fwd+bwd, remat {'on' if remat else 'off'}"] = oom
@@ -683,9 +690,8 @@ def _compile_decode_step(cfg, mesh, params, array, rows, layout: BufferLayout, b
     from flax import nnx
 
     from ragen_jax.models.cache import DecodeContext, init_cache
-    from ragen_jax.models.decoder import Decoder
 
-    graph = nnx.graphdef(_abstract(Decoder, cfg))
+    graph = nnx.graphdef(abstract_model(cfg))
     kv = jax.eval_shape(lambda: init_cache(cfg, batch, layout.length))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
     cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
@@ -772,7 +778,9 @@ def report(p: Plan) -> str:
             how = "optimal" if c["optimal_seconds"] > 0 else "roofline"
             lines.append(f"  {name:34s} {c['flops']:10.3e}   {c['bytes accessed']:10.3e}   {p.piece_seconds(c):9.3e} ({how})")
         t = p.step_time()
-        if t is not None:
+        if t is None:
+            lines.append("  (--pieces update,decode adds the update's cost and the step-time estimate)")
+        else:
             lines.append(f"  step time, the compiler's estimate: {t['seconds']:.1f} s (decoding {t['decode seconds']:.1f} s); "
                          f"MFU {100 * t['mfu']:.0f}% of {p.chip['peak_bf16_flops'] / 1e12:.0f} TFLOP/s bf16")
     return "\n".join(lines)

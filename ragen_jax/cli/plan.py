@@ -35,7 +35,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-step", action="store_true", help="skip compiling the whole train step")
     parser.add_argument("--pieces", default=None,
                         help=f"pieces to compile, comma-separated from {','.join(PIECES)} (or 'none'); default all "
-                             "of them, with --target the costs (update, decode): the whole step gives the memory")
+                             "of them; with --target the decode step's cost (add update for the step-time estimate: minutes "
+                             "more for a real model)")
+    parser.add_argument("--programs", action="store_true", help="instead of the plan: compile every program the "
+                        "commands run (train step, validation, evaluation's diagnostics, the supervised fit's step) "
+                        "and say whether each fits")
     parser.add_argument("--json", default=None, help="also write the plan as JSON to this file")
     args, rest = parser.parse_known_args(argv)
     try:
@@ -55,13 +59,15 @@ def main(argv=None) -> int:
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), overrides)
         if args.pieces is None:
-            pieces = PIECES if target is None else ("update", "decode")
+            pieces = PIECES if target is None else ("decode",)
         else:
             pieces = tuple(p for p in args.pieces.split(",") if p and p != "none")
         if set(pieces) - set(PIECES):
             raise PlanError(f"--pieces={args.pieces!r}: allowed {','.join(PIECES)} or none")
-        result = plan(config, mesh, args.model, compile_step=not args.no_step, pieces=pieces,
-                      log=lambda m: print(m, file=sys.stderr), target=target)
+        log = lambda m: print(m, file=sys.stderr)
+        if args.programs:
+            return _programs(config, mesh, args.model, target, args.json, log)
+        result = plan(config, mesh, args.model, compile_step=not args.no_step, pieces=pieces, log=log, target=target)
     except (PlanError, TargetError, config_lib.ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,6 +75,27 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result.to_json(), fh, indent=2)
+    return 0
+
+
+def _programs(config, mesh, preset, target, json_path, log) -> int:
+    """`--programs`: compile every program for the target (or the devices present) and print
+    one line each; exit 0 whether or not they fit (the lines say)."""
+    import dataclasses
+
+    from ragen_jax.analysis.programs import compile_programs
+    from ragen_jax.analysis.tpu_targets import compile_only_devices
+
+    devices = compile_only_devices(target) if target is not None else None
+    compiled = compile_programs(config, mesh, preset, devices, log)
+    where = f"for {target.name}, by the TPU compiler" if target is not None else "for the devices present"
+    print(f"every program of the commands, compiled {where}:")
+    for name, result in compiled.items():
+        print(result.line(name))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"target": target.name if target else None, "fits": all(c.memory for c in compiled.values()),
+                       "programs": {n: dataclasses.asdict(c) for n, c in compiled.items()}}, fh, indent=2)
     return 0
 
 if __name__ == "__main__":

@@ -144,18 +144,16 @@ class SFTConfig:
             raise ValueError(f"sft.noise={self.noise} must be in [0, 1]")
 
 
-def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False):
-    """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
-    (each epoch's mean). `progress`: `train`'s bar on stderr (steps, the last step's loss, time
-    spent and left), with the epoch lines above it; a real model's fit takes minutes."""
-    batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
-    rows = batch.loss_mask.shape[0]
-    steps_per_epoch = rows // config.batch_size
-    total = steps_per_epoch * config.epochs
-    schedule = optax.warmup_cosine_decay_schedule(0.0, config.lr, min(config.warmup_steps, total // 4 + 1), total)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
-    graph, params = nnx.split(model)
-    opt = tx.init(params)
+def optimizer(config: SFTConfig, total_steps: int) -> optax.GradientTransformation:
+    """AdamW on a warm-up-cosine schedule over the fit's `total_steps`, gradients clipped to norm 1."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.lr, min(config.warmup_steps, total_steps // 4 + 1),
+                                                  total_steps)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
+
+
+def update_step(graph, tx: optax.GradientTransformation):
+    """The fit's compiled step `update(params, opt, minibatch) -> (params, opt, loss)`: one
+    AdamW step on the token-mean NLL of the minibatch's generated tokens (model `graph`)."""
 
     @jax.jit
     def update(params, opt, mb):
@@ -167,6 +165,22 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt = tx.update(grads, opt, params)
         return optax.apply_updates(params, updates), opt, loss
+
+    return update
+
+
+def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False):
+    """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
+    (each epoch's mean). `progress`: `train`'s bar on stderr (steps, the last step's loss, time
+    spent and left), with the epoch lines above it; a real model's fit takes minutes."""
+    batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
+    rows = batch.loss_mask.shape[0]
+    steps_per_epoch = rows // config.batch_size
+    total = steps_per_epoch * config.epochs
+    tx = optimizer(config, total)
+    graph, params = nnx.split(model)
+    opt = tx.init(params)
+    update = update_step(graph, tx)
 
     rng = np.random.default_rng(config.seed)
     losses = []

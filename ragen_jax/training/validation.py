@@ -150,11 +150,18 @@ class Validator:
 
     def __call__(self, params_state: nnx.State) -> tuple[dict[str, float], Trajectories]:
         with sharding.tracing_on(self.mesh):
-            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, graph=self.graph,
-                                               env=self.env, env_params=self.env_params,
-                                               eval_config=self.eval_config,
-                                               train_rollout_config=self.train_rollout_config, mesh=self.mesh)
+            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, **self._static())
         return {name: float(value) for name, value in jax.device_get(metrics).items()}, traj
+
+    def lower(self, params_state: nnx.State):
+        """The validation program lowered for `params_state` (arrays or ShapeDtypeStructs with
+        shardings: `.compile()` it for devices that need not be attached, e.g. a TPU topology's)."""
+        with sharding.tracing_on(self.mesh):
+            return _validate_compiled.lower(params_state, self.codec, self.prompt, **self._static())
+
+    def _static(self) -> dict:
+        return dict(graph=self.graph, env=self.env, env_params=self.env_params, eval_config=self.eval_config,
+                    train_rollout_config=self.train_rollout_config, mesh=self.mesh)
 
 
 def validate(

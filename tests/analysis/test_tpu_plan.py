@@ -102,14 +102,14 @@ def test_the_compiler_refusing_a_program_too_large_for_the_chip_is_caught():
     the figures, any other compile error still raises."""
     device = tpu_targets.compile_only_devices(tpu_targets.parse_target("v5e-1"))[0]
     big = jax.ShapeDtypeStruct((6 * 2 ** 18, 1024), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
-    compiled, oom = planner._compiled_or_oom(lambda: jax.jit(lambda a: (a + 1, a * 2)).lower(big).compile())
+    compiled, oom = planner.compiled_or_oom(lambda: jax.jit(lambda a: (a + 1, a * 2)).lower(big).compile())
     assert compiled is None and oom["need"] >= 18 * 2 ** 30 and oom["available"] < 16 * 2 ** 30
 
     def broken():
         raise RuntimeError("INVALID_ARGUMENT: not a memory problem")
 
     with pytest.raises(RuntimeError, match="not a memory problem"):
-        planner._compiled_or_oom(broken)
+        planner.compiled_or_oom(broken)
 
 
 @needs_libtpu

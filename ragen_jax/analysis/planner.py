@@ -518,12 +518,14 @@ def _analytic_memory(cfg, step_config, layout: BufferLayout, mesh) -> dict:
     critic = (cfg.num_params() * base_bytes + cfg.hidden_size * param_bytes) / model_shards + adapters \
         if algo.uses_critic else 0
     trained = adapters if cfg.lora.rank else params  # what the optimiser and the gradients cover
+    # the moments in the parameters' dtype, or in bfloat16 (`algo.adam_moments`)
+    moment_share = 2 / param_bytes if algo.adam_moments == "bfloat16" else 1
     critic_trained = (adapters + cfg.hidden_size * param_bytes / model_shards if cfg.lora.rank else critic)
     analytic = {
         "parameters": params,
-        "optimiser": 2 * trained,  # AdamW: two moments
+        "optimiser": 2 * trained * moment_share,  # AdamW: two moments
         "critic": critic,
-        "critic optimiser": 2 * critic_trained if algo.uses_critic else 0,
+        "critic optimiser": 2 * critic_trained * moment_share if algo.uses_critic else 0,
         "reference": params if algo.uses_reference and not cfg.lora.rank else 0,
         "rollout KV cache": local_rows * layout.length * kv,
         # the copy of the weights in the compute dtype the rollout and diagnostics run on (`for_inference`)

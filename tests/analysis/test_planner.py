@@ -114,3 +114,11 @@ def test_lora_state_holds_the_base_in_the_compute_dtype_and_moments_of_the_adapt
     adapters = lora.memory["optimiser"] / 2  # float32, as their two Adam moments each
     assert lora.memory["parameters"] == pytest.approx(result.memory["parameters"] / 2 + adapters, rel=1e-3)
     assert lora.memory["optimiser"] < result.memory["optimiser"] / 50
+
+
+def test_bfloat16_moments_halve_the_optimiser_state_as_counted(result):
+    config = config_lib.apply_overrides(config_lib.load_config_file(CONFIG), {**SHORT, "algo.adam_moments": "bfloat16"})
+    half = planner.plan(config, (1, 8, 1), preset="qwen2.5-0.5b", compile_step=False, pieces=())
+    for key in ("optimiser", "critic optimiser"):
+        assert half.memory[key] == pytest.approx(result.memory[key] / 2, rel=1e-3), key
+        assert half.analytic[key] == pytest.approx(half.memory[key], rel=2e-3), key

@@ -114,8 +114,8 @@ def test_quickstart_trains_logs_checkpoints_and_plots(quickstart):
     text = "".join(out.get("text", "") for out in outputs(nb, "stream"))
     assert "exit code 0" in text and "mesh (data, fsdp, tensor) = (1, 1, 1)" in text
     # off a TPU, the plan cell names the command that plans Colab's TPU chip
-    assert "cpu runtime: the plan for a TPU chip is `python -m ragen_jax.plan --config configs/sokoban_qwen2p5_0p5b.py " \
-           "--target v5e-1`" in text
+    assert "cpu runtime: the plan for a TPU chip is `python -m ragen_jax.plan --config " \
+           "configs/sokoban_qwen2p5_0p5b_v5e1.py --model qwen2.5-0.5b --target v5e-1`" in text
 
 
 def test_template_collapse_contrast_and_run_metrics(quickstart, shared):

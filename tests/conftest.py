@@ -27,7 +27,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 # a slow file collected last would run alone at the end while the other worker idles.
 SLOW_FIRST = ("analysis/test_study.py", "cli/test_multi_process.py", "notebooks/test_notebooks.py",
               "cli/test_train_cli.py", "cli/test_faults.py", "core/test_sharding.py", "training/test_step.py",
-              "cli/test_lora_cli.py", "training/test_lora_step.py")
+              "cli/test_lora_cli.py", "training/test_lora_step.py", "analysis/test_tpu_plan.py")
 
 
 def pytest_collection_modifyitems(items):

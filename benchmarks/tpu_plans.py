@@ -34,10 +34,8 @@ PLANS = {
     "0.5b-ppo-v5e-1": ("0.5B PPO", "every weight", S05, "v5e-1", M05),
     "0.5b-ppo-v5e-1-bf16moments-micro4": ("0.5B PPO", "every weight, bfloat16 moments, micro-batch 4", S05,
                                           "v5e-1", [*M05, BF16_MOMENTS, MICRO4]),
-    "0.5b-ppo-v5e-1-bf16moments-micro2-mi32": (
-        "0.5B PPO", "every weight, bfloat16 moments, micro-batch 2, 32 MI samples scored 4 at a time", S05,
-        "v5e-1", [*M05, BF16_MOMENTS, "--config.algo.micro_batch_size=2", "--config.diagnostics.num_samples=32",
-                  "--config.diagnostics.score_rows=4"]),
+    "0.5b-ppo-v5e-1-bf16moments-nodiag": ("0.5B PPO", "every weight, bfloat16 moments, MI diagnostics off", S05,
+                                          "v5e-1", [*M05, BF16_MOMENTS, "--config.diagnostics.enabled=false"]),
     "0.5b-ppo-v5e-1-lora": ("0.5B PPO", "LoRA rank 16", S05, "v5e-1", [*M05, LORA]),
     "1.5b-grpo-lora-v5e-1": ("1.5B GRPO", "LoRA rank 16", S05, "v5e-1", [*M15, GRPO, LORA]),
     "3b-ppo-lora-v6e-1": ("3B PPO", "LoRA rank 16", S3, "v6e-1", [*M3, LORA]),
@@ -52,6 +50,9 @@ PLANS = {
     "7b-grpo-v5e-8-lora": ("7B GRPO", "LoRA rank 16, FSDP", S3, "v5e-8", [*M7, GRPO, LORA]),
     "7b-ppo-v5e-8-lora": ("7B PPO", "LoRA rank 16, FSDP", S3, "v5e-8", [*M7, LORA]),
     "7b-ppo-v5e-8-lora-micro4": ("7B PPO", "LoRA rank 16, FSDP, micro-batch 4", S3, "v5e-8", [*M7, LORA, MICRO4]),
+    "7b-ppo-v5e-8-lora-micro2-score8": ("7B PPO", "LoRA rank 16, FSDP, micro-batch 2, MI scored 8 rows at a time",
+                                        S3, "v5e-8", [*M7, LORA, "--config.algo.micro_batch_size=2",
+                                                      "--config.diagnostics.score_rows=8"]),
 }
 
 

@@ -27,8 +27,7 @@ class TargetError(ValueError):
 class Chip:
     """One TPU chip's published figures (Cloud TPU documentation)."""
 
-    generation: str  # as in the accelerator type: v4, v5e, v5p, v6e
-    topology_prefix: str  # as in a topology name: "v5e:2x2"
+    generation: str  # as in the accelerator type and a topology's name ("v5e:2x2"): v4, v5e, v5p, v6e
     hbm_bytes: int
     peak_bf16_flops: float  # per second
     hbm_bytes_per_second: float
@@ -40,10 +39,10 @@ class Chip:
 GIB = 2 ** 30
 
 CHIPS = {
-    "v4": Chip("v4", "v4", 32 * GIB, 275e12, 1228e9, True, (2, 2, 1), 3),
-    "v5e": Chip("v5e", "v5e", 16 * GIB, 197e12, 819e9, False, (2, 2, 1), 2),
-    "v5p": Chip("v5p", "v5p", 95 * GIB, 459e12, 2765e9, True, (2, 2, 1), 3),
-    "v6e": Chip("v6e", "v6e", 32 * GIB, 918e12, 1640e9, False, (2, 2, 1), 2),
+    "v4": Chip("v4", 32 * GIB, 275e12, 1228e9, True, (2, 2, 1), 3),
+    "v5e": Chip("v5e", 16 * GIB, 197e12, 819e9, False, (2, 2, 1), 2),
+    "v5p": Chip("v5p", 95 * GIB, 459e12, 2765e9, True, (2, 2, 1), 3),
+    "v6e": Chip("v6e", 32 * GIB, 918e12, 1640e9, False, (2, 2, 1), 2),
 }
 ALIASES = {"v5litepod": "v5e", "v6e": "v6e", "v5e": "v5e", "v4": "v4", "v5p": "v5p"}
 # Chips of a single-host slice (Cloud TPU: v5e/v6e hosts up to 8 chips, v4/v5p hosts 4).
@@ -62,7 +61,7 @@ class Target:
 
     @property
     def topology(self) -> str:
-        return f"{self.chip.topology_prefix}:{'x'.join(map(str, self.shape))}"
+        return f"{self.chip.generation}:{'x'.join(map(str, self.shape))}"
 
 
 def _shape(chips: int, dims: int) -> tuple[int, ...]:

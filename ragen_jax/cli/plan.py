@@ -12,10 +12,13 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from ragen_jax.analysis.planner import PIECES, PlanError, parse_mesh, plan, report, use_fake_devices
 from ragen_jax.analysis.tpu_targets import TargetError, parse_target
 from ragen_jax.core import quiet
+from ragen_jax.core.errors import ConfigError
+from ragen_jax.core.files import check_writable_dir, write_atomically
 
 EXIT_USAGE = 2
 
@@ -47,7 +50,9 @@ def main(argv=None) -> int:
         if args.mesh is None and target is None:
             raise PlanError("--mesh DATAxFSDPxTENSOR is required without --target (e.g. --mesh 1x8x1 or --target v5e-1)")
         mesh = parse_mesh(args.mesh) if args.mesh else None
-    except (PlanError, TargetError) as err:
+        if args.json:  # before minutes of compiling, not after
+            check_writable_dir(Path(args.json).parent, "--json's folder")
+    except (PlanError, TargetError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     # before jax is imported (by ragen_jax.run.config): the CPU plan's fake devices; a target's
@@ -73,8 +78,7 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     print(report(result))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result.to_json(), fh, indent=2)
+        write_atomically(Path(args.json), json.dumps(result.to_json(), indent=2))
     return 0
 
 
@@ -93,9 +97,9 @@ def _programs(config, mesh, preset, target, json_path, log) -> int:
     for name, result in compiled.items():
         print(result.line(name))
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump({"target": target.name if target else None, "fits": all(c.memory for c in compiled.values()),
-                       "programs": {n: dataclasses.asdict(c) for n, c in compiled.items()}}, fh, indent=2)
+        write_atomically(Path(json_path), json.dumps({
+            "target": target.name if target else None, "fits": all(c.memory for c in compiled.values()),
+            "programs": {n: dataclasses.asdict(c) for n, c in compiled.items()}}, indent=2))
     return 0
 
 if __name__ == "__main__":

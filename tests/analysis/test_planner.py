@@ -97,6 +97,7 @@ def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments():
     (["--config", CONFIG, "--mesh", "1x8x1"], "model.path is required"),
     (["--config", CONFIG, "--mesh", "1x8x1", "--model", "qwen9"], "--model 'qwen9' is not a known preset"),
     (["--config", CONFIG, "--mesh", "1x8x1", "--config.model.path=/no/such/dir"], "model directory not found: /no/such/dir"),
+    (["--config", CONFIG, "--mesh", "1x8x1", "--json", f"{__file__}/plan.json"], "--json's folder"),  # before compiling
 ])
 def test_bad_input_gives_one_line_and_exit_2(args, message, capsys):
     code = plan.main(args)

@@ -282,18 +282,16 @@ class Plan:
 _ABSTRACT = {}
 
 
-def abstract_model(cfg, module=None):
-    """`nnx.eval_shape` of a module (default the policy `Decoder`) of model config `cfg`
-    (cached: tracing the initialisers of a 7B model takes seconds)."""
-    if module is None:
-        from ragen_jax.models.decoder import Decoder
-
-        module = Decoder
+def abstract_model(cfg):
+    """`nnx.eval_shape` of the policy `Decoder` of model config `cfg` (cached: tracing the
+    initialisers of a 7B model takes seconds)."""
     from flax import nnx
 
-    if (module, cfg) not in _ABSTRACT:
-        _ABSTRACT[(module, cfg)] = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
-    return _ABSTRACT[(module, cfg)]
+    from ragen_jax.models.decoder import Decoder
+
+    if cfg not in _ABSTRACT:
+        _ABSTRACT[cfg] = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    return _ABSTRACT[cfg]
 
 
 def _bytes(tree) -> int:

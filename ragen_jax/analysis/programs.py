@@ -49,7 +49,7 @@ def _compile_programs(config, mesh_shape, preset, devices, log) -> dict[str, Com
     import jax
     from flax import nnx
 
-    from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
+    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
     from ragen_jax.models.stacking import for_inference
     from ragen_jax.core import sharding
     from ragen_jax.training import micro_batch, sft
@@ -83,8 +83,7 @@ def _compile_programs(config, mesh_shape, preset, devices, log) -> dict[str, Com
                             validation.out_info[1], validation.output_shardings[1])
         k = e.samples_per_env
         d = run.settings.diagnostics
-        mi_config = DiagnosticsConfig(num_samples=min(64, e.num_envs * k), per_turn=False, score_rows=d.score_rows,
-                                      span_buckets=d.span_buckets)
+        mi_config = evaluation_config(e.num_envs * k, d.score_rows, d.span_buckets)
 
         def evaluation(params, traj, key):
             inference = for_inference(nnx.merge(graph, params))

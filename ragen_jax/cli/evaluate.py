@@ -46,7 +46,7 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
          show: int = 4) -> tuple[dict, str]:
     """The evaluation's result and a few trajectories as text (on process 0; "" elsewhere).
     Refuses a workdir it could not write its results to before playing anything."""
-    from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
+    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
     from ragen_jax.models.stacking import for_inference
     from ragen_jax.run.experiment import restore_run
     from ragen_jax.rollout.render import render_trajectories
@@ -62,8 +62,7 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
     metrics, traj = validator(nnx.state(exp.model))
     k = eval_config.samples_per_env
     d = exp.run.settings.diagnostics
-    mi_config = DiagnosticsConfig(num_samples=min(64, eval_config.num_envs * k), per_turn=False,
-                                  score_rows=d.score_rows, span_buckets=d.span_buckets)
+    mi_config = evaluation_config(eval_config.num_envs * k, d.score_rows, d.span_buckets)
     with sharding.tracing_on(exp.mesh):
         mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
             for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),

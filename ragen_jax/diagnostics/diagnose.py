@@ -212,6 +212,13 @@ def _per_turn(model, cache, tokens, traj, key, config, scoring):
     return jax.lax.map(one, (jnp.arange(turns), jax.random.split(key, turns)))
 
 
+def evaluation_config(rows: int, score_rows: int, span_buckets: int) -> DiagnosticsConfig:
+    """The diagnostics `evaluate` runs on its `rows` trajectories: the first-turn and trajectory
+    sets of at most 64 samples, no per-turn set, scored as the run scores them."""
+    return DiagnosticsConfig(num_samples=min(64, rows), per_turn=False, score_rows=score_rows,
+                             span_buckets=span_buckets)
+
+
 def diagnose(
     model: Decoder,
     traj,

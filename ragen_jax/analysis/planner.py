@@ -569,13 +569,17 @@ def compile_train_step(trainer, state, mesh, seconds: dict) -> tuple[dict | None
 
 def memory_figures(compiled) -> dict:
     """A compiled program's memory per device from its compiler: arguments, outputs, aliased,
-    temporaries, and the peak — the compiler's own (`peak_memory_in_bytes`: the TPU compiler
-    counts the buffers live at once) where it gives one, else arguments + outputs − aliased +
-    temporaries."""
+    temporaries, and the peak — for a TPU the compiler's own (`peak_memory_in_bytes`: the
+    buffers live at once), elsewhere arguments + outputs − aliased + temporaries (XLA CPU's
+    `peak_memory_in_bytes` leaves the temporaries out)."""
+    import jax
+
     stats = compiled.memory_analysis()
     memory = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
-    memory["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0)) or (
-        memory["argument"] + memory["output"] - memory["alias"] + memory["temp"])
+    shardings = jax.tree.leaves(compiled.input_shardings)
+    on_tpu = bool(shardings) and next(iter(shardings[0].device_set)).platform == "tpu"
+    compiler_peak = int(getattr(stats, "peak_memory_in_bytes", 0)) if on_tpu else 0
+    memory["peak"] = compiler_peak or memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
     return memory
 
 

@@ -169,27 +169,39 @@ def update_step(graph, tx: optax.GradientTransformation):
     return update
 
 
-def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False):
+def total_steps(config: SFTConfig) -> int:
+    """Adam steps of a fit: whole minibatches of `config.episodes` rows, `config.epochs` times."""
+    return config.episodes // config.batch_size * config.epochs
+
+
+def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False, after_step=None,
+        start=None):
     """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
-    (each epoch's mean). `progress`: `train`'s bar on stderr (steps, the last step's loss, time
-    spent and left), with the epoch lines above it; a real model's fit takes minutes."""
+    (each epoch's mean over the steps this call ran). `progress`: `train`'s bar on stderr
+    (steps, the last step's loss, time spent and left), with the epoch lines above it; a real
+    model's fit takes minutes. `after_step(step, params, opt, loss)` runs after every step (the
+    command's validation and checkpoints). `start=(step, params, opt)` continues a fit that
+    stopped after `step` steps: the same minibatches follow, so it ends where one call would."""
     batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
     total = steps_per_epoch * config.epochs
     tx = optimizer(config, total)
     graph, params = nnx.split(model)
-    opt = tx.init(params)
+    done, params, opt = start if start is not None else (0, params, tx.init(params))
     update = update_step(graph, tx)
 
     rng = np.random.default_rng(config.seed)
     losses = []
-    bar = progress_bar(total, "sft") if progress else None
+    bar = progress_bar(total, "sft", initial=done) if progress else None
     try:
         for epoch in range(config.epochs):
-            order = rng.permutation(rows)
+            order = rng.permutation(rows)  # drawn for every epoch, so a continued fit draws the same
             epoch_losses = []
             for i in range(steps_per_epoch):
+                step = epoch * steps_per_epoch + i + 1
+                if step <= done:
+                    continue
                 idx = order[i * config.batch_size:(i + 1) * config.batch_size]
                 mb = jax.tree.map(lambda a: a[idx], batch)
                 params, opt, loss = update(params, opt, compact(mb) if config.compact else mb)
@@ -197,8 +209,11 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
                 if bar is not None:
                     bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}", refresh=False)
                     bar.update(1)
-            losses.append(float(np.mean(epoch_losses)))
-            tell(f"epoch {epoch + 1}/{config.epochs}: loss {losses[-1]:.4f}", bar, log)
+                if after_step is not None:
+                    after_step(step, params, opt, epoch_losses[-1])
+            if epoch_losses:
+                losses.append(float(np.mean(epoch_losses)))
+                tell(f"epoch {epoch + 1}/{config.epochs}: loss {losses[-1]:.4f}", bar, log)
     finally:
         if bar is not None:
             bar.close()
@@ -215,9 +230,10 @@ def check_env(env, config: SFTConfig) -> None:
     require_solver(env, "the supervised warm start")
 
 
-def warm_start(exp, config: SFTConfig, log=print, progress: bool = False) -> list[float]:
+def warm_start(exp, config: SFTConfig, log=print, progress: bool = False, after_step=None,
+               start=None) -> list[float]:
     """Generate `config.episodes` demonstrations for the experiment's env and fit its model
-    (`progress`: the fit's bar, as `fit` says)."""
+    (`progress`, `after_step`, `start`: as `fit` says; the same seed gives the same data)."""
     check_env(exp.env, config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=min(256, config.episodes), group_size=1)
     params = deterministic(exp.env, exp.env_params)
@@ -234,4 +250,4 @@ def warm_start(exp, config: SFTConfig, log=print, progress: bool = False) -> lis
     success = float(np.mean(np.asarray(data.success)))
     log(f"{config.episodes} demonstrations in {time.perf_counter() - started:.0f} s "
         f"(success {success:.2f}, noise {config.noise})")
-    return fit(exp.model, data, config, log, progress)
+    return fit(exp.model, data, config, log, progress, after_step, start)

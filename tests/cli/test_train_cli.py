@@ -266,7 +266,7 @@ def test_sft_shows_the_fits_progress_under_trains_switch(flag, shown, monkeypatc
 
     asked = []
 
-    def fit_here(exp, config, log, progress=False):  # the config as far as the fit, then stop
+    def fit_here(exp, config, log, progress=False, **hooks):  # the config as far as the fit, then stop
         asked.append(progress)
         raise Stop
 
@@ -274,6 +274,45 @@ def test_sft_shows_the_fits_progress_under_trains_switch(flag, shown, monkeypatc
     with pytest.raises(Stop):
         sft.main(["--config", CONFIG, "--workdir", str(tmp_path / "w"), "--config.mesh.data=1", *flag])
     assert asked == [shown]
+
+
+def test_a_stopped_sft_continues_from_its_checkpoint_and_refuses_other_settings(full_run, monkeypatch,
+                                                                               tmp_path, capsys):
+    """`--eval-every` validates, records and checkpoints; the same command again continues a
+    stopped fit from its checkpoint (the metrics after it dropped), other settings or a train
+    run's workdir are refused in one line. Bit-equal continuation: tests/training/test_sft.py."""
+    from ragen_jax.cli import sft
+
+    work = tmp_path / "fit"
+    args = ["--config", CONFIG, "--workdir", str(work), "--episodes", "8", "--epochs", "2", "--batch-size", "4",
+            "--eval-every", "2", "--config.eval.num_envs=4", "--config.logging.progress=false"]
+
+    class Stop(Exception):
+        pass
+
+    record = sft.FitRecorder.__call__
+
+    def record_then_stop(self, step, *rest):
+        record(self, step, *rest)
+        if step == 2:
+            (work / sft.METRICS).open("a").write(json.dumps({"step": 3, "fit_minutes": 9.0}) + "\n")  # after it
+            raise Stop
+
+    monkeypatch.setattr(sft.FitRecorder, "__call__", record_then_stop)
+    with pytest.raises(Stop):
+        sft.main(args)
+    monkeypatch.setattr(sft.FitRecorder, "__call__", record)
+    capsys.readouterr()
+    assert sft.main(args) == 0
+    assert "continuing the fit from step 2 of 4" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (work / sft.METRICS).read_text().splitlines()]
+    assert [row["step"] for row in rows] == [2, 4] and rows[1]["fit_minutes"] >= rows[0]["fit_minutes"]
+    assert {"success", "loss", "valid_action_rate"} <= set(rows[1])
+    assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    line = one_error_line(capsys, sft.main([*args, "--lr", "0.5"]))
+    assert "holds a fit with other settings" in line and "sft.lr: 0.001 -> 0.5" in line, line
+    line = one_error_line(capsys, sft.main(["--config", CONFIG, "--workdir", str(full_run)]))
+    assert "not a supervised fit's" in line, line
 
 
 def test_a_workdir_with_another_config_is_refused(full_run, capsys):

@@ -136,6 +136,31 @@ def test_the_fit_shows_its_progress_and_keeps_its_numbers(demos, capsys):
         f"epoch {e + 1}/2: loss {loss:.4f}" for e, loss in enumerate(shown)], err
 
 
+def test_a_fit_continued_from_its_step_ends_where_one_fit_ends(demos):
+    """`start=(step, params, opt)` (a stopped fit's checkpoint) runs the minibatches that fit
+    had left, so the weights end bit for bit where an uninterrupted fit's do; `after_step`
+    sees every step once, in order."""
+    _, _, traj = demos
+    config = sft.SFTConfig(episodes=12, epochs=2, batch_size=4, lr=3e-3, warmup_steps=1)
+    seen, kept = [], {}
+
+    def after_step(step, params, opt, loss):
+        seen.append(step)
+        if step == 4:  # mid-way through the second epoch (3 steps an epoch)
+            kept["start"] = (step, params, opt)
+
+    whole = tiny_model(1, TEST_LAYERS)
+    sft.fit(whole, traj, config, log=lambda _: None, after_step=after_step)
+    assert seen == list(range(1, sft.total_steps(config) + 1)) == [1, 2, 3, 4, 5, 6]
+    continued = tiny_model(7, TEST_LAYERS)  # other initial weights: all of them come from `start`
+    later = []
+    losses = sft.fit(continued, traj, config, log=lambda _: None, start=kept["start"],
+                     after_step=lambda step, *_: later.append(step))
+    assert later == [5, 6] and len(losses) == 1  # the second epoch's two remaining steps
+    for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(continued))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("env, init", [("sokoban", ""), ("frozenlake", ""), ("frozenlake", "builtin:frozenlake-tiny")])
 def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
     """configs/<env>_tiny.py starts from a shipped warm start (init "": the config's own; on

@@ -3,8 +3,9 @@
 `KVCache` holds keys/values of every layer in preallocated slots, each slot valid or a hole
 (docs/architecture.md#static-shapes-slots-with-holes); `positions_from_mask` gives the RoPE
 positions that skip the holes. A `DecodeContext` says where one `Decoder.__call__` writes its
-chunk, which slots it reads and which it returns. A decode loop of an unrolled model works on
-a per-layer copy of the cache (`cpu_tuning.PerLayerKVCache`), which reads and writes alike.
+chunk, which slots it reads and which it returns. A decode loop of an unrolled model
+(`scan_layers=False`) works on a per-layer copy of the cache, `PerLayerKVCache`, on every
+backend: each layer its own loop buffer, keys stored transposed; it reads and writes alike.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from ragen_jax.models.config import ATTENTION_BLOCK, DecoderConfig
-from ragen_jax.models.cpu_tuning import PerLayerKVCache
 
 
 @struct.dataclass
 class KVCache:
     """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S].
-    A decode loop of an unrolled model works on a `cpu_tuning.PerLayerKVCache` copy instead."""
+    A decode loop of an unrolled model works on a `PerLayerKVCache` copy instead."""
 
     k: jax.Array
     v: jax.Array
@@ -121,3 +121,75 @@ class DecodeContext:
     rope: tuple[jax.Array, jax.Array] | None = None
     query_block: int = ATTENTION_BLOCK
     fused_qkv: tuple[tuple[jax.Array, jax.Array], ...] | None = None
+
+
+@struct.dataclass
+class PerLayerKVCache:
+    """A decode loop's KV cache: per-layer keys [B * kv_heads, head_dim, S] and values
+    [B * kv_heads, S, head_dim] (tuples over layers), slot validity [B, S]. Each layer is then
+    its own loop buffer, written in place and read by the attention matmuls as is: slicing a
+    layer out of the stacked array copies it every step, and on CPU the score matmul is ~2x
+    faster with keys stored transposed. Reads and writes like `cache.KVCache`."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    mask: jax.Array
+
+    @property
+    def shared(self) -> bool:
+        """Never one row read by all (see `KVCache.shared`)."""
+        return False
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def layered(self) -> bool:
+        """`read` gives keys [B * kv_heads, head_dim, S] and values [B * kv_heads, S, head_dim]."""
+        return True
+
+    @classmethod
+    def empty(cls, cfg: DecoderConfig, batch: int, length: int, dtype) -> PerLayerKVCache:
+        """`length` slots, every one invalid."""
+        mask = jnp.zeros((batch, length), bool)
+        rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
+        return cls(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
+                   tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
+
+    @classmethod
+    def from_stacked(cls, cache: KVCache, end: int | None = None) -> PerLayerKVCache:
+        """Slots [0, end) of a stacked cache (a copy; `merge_into` writes it back)."""
+        end = cache.length if end is None else end
+        layers, b, kvh, _, hd = cache.k.shape
+        k = cache.k[:, :, :, :end].reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
+        v = cache.v[:, :, :, :end].reshape(layers, b * kvh, end, hd)
+        return cls(tuple(k[i] for i in range(layers)), tuple(v[i] for i in range(layers)), cache.mask[:, :end])
+
+    def merge_into(self, full: KVCache) -> KVCache:
+        """The stacked cache `full` with slots [0, end) replaced by this cache's."""
+        layers, b, kvh, _, hd = full.k.shape
+        end = self.length
+        k = jnp.stack(self.k).transpose(0, 1, 3, 2).reshape(layers, b, kvh, end, hd)
+        v = jnp.stack(self.v).reshape(layers, b, kvh, end, hd)
+        put = jax.lax.dynamic_update_slice
+        return full.replace(k=put(full.k, k, (0,) * 5), v=put(full.v, v, (0,) * 5),
+                            mask=put(full.mask, self.mask, (0, 0)))
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> PerLayerKVCache:
+        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset`."""
+        put = jax.lax.dynamic_update_slice
+        b, kvh, t, hd = k.shape
+        new_k = put(self.k[layer], k.reshape(b * kvh, t, hd).transpose(0, 2, 1).astype(self.k[layer].dtype),
+                    (0, 0, offset))
+        new_v = put(self.v[layer], v.reshape(b * kvh, t, hd).astype(self.v[layer].dtype), (0, offset, 0))
+        swap = lambda buf, x: buf[:layer] + (x,) + buf[layer + 1:]
+        return self.replace(k=swap(self.k, new_k), v=swap(self.v, new_v))
+
+    def read(self, layer: int, end: int) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of `layer` in slots [0, end), in this cache's layout."""
+        k, v = self.k[layer], self.v[layer]
+        return (k, v) if end == self.length else (k[..., :end], v[:, :end])
+
+    def dtype(self, layer: int):
+        return self.k[layer].dtype

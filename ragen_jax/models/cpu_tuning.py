@@ -4,10 +4,6 @@ One switch, `on_cpu_per_device()`, decides where the CPU tuning applies: row chu
 (`in_row_chunks`: a chunk's activations stay in the caches) and a decode step's q/k/v in one
 matmul (`fused_qkv`). Accelerators keep one large kernel and the sharded weights as they are.
 A forward reads the switch once (`CpuPath.for_call`) and its layers ask the `CpuPath`.
-
-`PerLayerKVCache` is the cache layout a decode loop of an unrolled model (`scan_layers=False`)
-works on, on every backend: each layer its own loop buffer, keys stored transposed (on CPU the
-score matmul is ~2x faster). A scanned model reads its layers from the stacked `cache.KVCache`.
 """
 
 from __future__ import annotations
@@ -17,10 +13,9 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 if TYPE_CHECKING:
-    from ragen_jax.models.cache import DecodeContext, KVCache
+    from ragen_jax.models.cache import DecodeContext
     from ragen_jax.models.config import DecoderConfig
     from ragen_jax.models.decoder import Decoder
     from ragen_jax.models.layers import Attention
@@ -142,78 +137,3 @@ class CpuPath:
         """fn(*arrays), on one CPU device in row chunks of `row_chunk` rows (see `in_row_chunks`)."""
         block = _chunk_rows(arrays[0].shape[0], floats_per_row, minimum) if self.on_cpu else 0
         return map_row_blocks(fn, block, *arrays)
-
-
-# ----------------------------------------------------------------------------- per-layer cache
-
-
-@struct.dataclass
-class PerLayerKVCache:
-    """A decode loop's KV cache: per-layer keys [B * kv_heads, head_dim, S] and values
-    [B * kv_heads, S, head_dim] (tuples over layers), slot validity [B, S]. Each layer is then
-    its own loop buffer, written in place and read by the attention matmuls as is: slicing a
-    layer out of the stacked array copies it every step, and on CPU the score matmul is ~2x
-    faster with keys stored transposed. Reads and writes like `cache.KVCache`."""
-
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
-    mask: jax.Array
-
-    @property
-    def shared(self) -> bool:
-        """Never one row read by all (see `KVCache.shared`)."""
-        return False
-
-    @property
-    def length(self) -> int:
-        return self.mask.shape[1]
-
-    @property
-    def layered(self) -> bool:
-        """`read` gives keys [B * kv_heads, head_dim, S] and values [B * kv_heads, S, head_dim]."""
-        return True
-
-    @classmethod
-    def empty(cls, cfg: DecoderConfig, batch: int, length: int, dtype) -> PerLayerKVCache:
-        """`length` slots, every one invalid."""
-        mask = jnp.zeros((batch, length), bool)
-        rows, hd = batch * cfg.num_kv_heads, cfg.head_dim
-        return cls(tuple(jnp.zeros((rows, hd, length), dtype) for _ in range(cfg.num_layers)),
-                   tuple(jnp.zeros((rows, length, hd), dtype) for _ in range(cfg.num_layers)), mask)
-
-    @classmethod
-    def from_stacked(cls, cache: KVCache, end: int | None = None) -> PerLayerKVCache:
-        """Slots [0, end) of a stacked cache (a copy; `merge_into` writes it back)."""
-        end = cache.length if end is None else end
-        layers, b, kvh, _, hd = cache.k.shape
-        k = cache.k[:, :, :, :end].reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
-        v = cache.v[:, :, :, :end].reshape(layers, b * kvh, end, hd)
-        return cls(tuple(k[i] for i in range(layers)), tuple(v[i] for i in range(layers)), cache.mask[:, :end])
-
-    def merge_into(self, full: KVCache) -> KVCache:
-        """The stacked cache `full` with slots [0, end) replaced by this cache's."""
-        layers, b, kvh, _, hd = full.k.shape
-        end = self.length
-        k = jnp.stack(self.k).transpose(0, 1, 3, 2).reshape(layers, b, kvh, end, hd)
-        v = jnp.stack(self.v).reshape(layers, b, kvh, end, hd)
-        put = jax.lax.dynamic_update_slice
-        return full.replace(k=put(full.k, k, (0,) * 5), v=put(full.v, v, (0,) * 5),
-                            mask=put(full.mask, self.mask, (0, 0)))
-
-    def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> PerLayerKVCache:
-        """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset`."""
-        put = jax.lax.dynamic_update_slice
-        b, kvh, t, hd = k.shape
-        new_k = put(self.k[layer], k.reshape(b * kvh, t, hd).transpose(0, 2, 1).astype(self.k[layer].dtype),
-                    (0, 0, offset))
-        new_v = put(self.v[layer], v.reshape(b * kvh, t, hd).astype(self.v[layer].dtype), (0, offset, 0))
-        swap = lambda buf, x: buf[:layer] + (x,) + buf[layer + 1:]
-        return self.replace(k=swap(self.k, new_k), v=swap(self.v, new_v))
-
-    def read(self, layer: int, end: int) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of `layer` in slots [0, end), in this cache's layout."""
-        k, v = self.k[layer], self.v[layer]
-        return (k, v) if end == self.length else (k[..., :end], v[:, :end])
-
-    def dtype(self, layer: int):
-        return self.k[layer].dtype

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.core.sharding import FSDP, TENSOR
-from ragen_jax.models.cache import KVCache
+from ragen_jax.models.cache import KVCache, PerLayerKVCache
 from ragen_jax.models.config import LORA_TARGETS, REMAT_POLICIES, DecoderConfig
-from ragen_jax.models.cpu_tuning import CpuPath, PerLayerKVCache
+from ragen_jax.models.cpu_tuning import CpuPath
 from ragen_jax.models.rope import apply_rope
 
 _NEG_INF = -1e30

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec
 
-from ragen_jax.models.cpu_tuning import PerLayerKVCache, fused_qkv, in_row_chunks
-from ragen_jax.models.cache import DecodeContext, KVCache, init_cache, positions_from_mask
+from ragen_jax.models.cpu_tuning import fused_qkv, in_row_chunks
+from ragen_jax.models.cache import DecodeContext, KVCache, PerLayerKVCache, init_cache, positions_from_mask
 from ragen_jax.models.config import ATTENTION_BLOCK, PREFILL_BLOCK
 from ragen_jax.models.decoder import Decoder
 from ragen_jax.models.rope import rope_tables

@@ -26,6 +26,7 @@ from ragen_jax.models.cache import DecodeContext, KVCache
 from ragen_jax.models.config import DecoderConfig
 from ragen_jax.models.cpu_tuning import CpuPath
 from ragen_jax.models.layers import Block, LayerInputs, RMSNorm, param, pick_slots, remat
+from ragen_jax.models.lora import add_adapters
 from ragen_jax.models.rope import rope_tables
 from ragen_jax.models.stacking import stack_blocks
 
@@ -43,8 +44,6 @@ class Decoder(nnx.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         param(rngs, (cfg.vocab_size, cfg.hidden_size), cfg, (TENSOR, FSDP)))
         if cfg.lora.rank:  # drawn after every base weight: the same base as without adapters
-            from ragen_jax.models.lora import add_adapters
-
             add_adapters(self, rngs.params())
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,

@@ -122,12 +122,10 @@ def merged(model):
     """A `Decoder` without adapters whose kernels are `model`'s with its adapters folded in
     (W + alpha / rank · A B, in float32), every weight in `param_dtype` (the frozen base weights
     are kept in the compute dtype); `model` itself when it has none."""
-    from ragen_jax.models.decoder import Decoder
-
     if not adapted(model.cfg):
         return model
     cfg = model.cfg.base()
-    out = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    out = nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0)))  # the same class, no adapters
     dtype = jnp.dtype(cfg.param_dtype)
     kernels = {}
     for layer, name, linear in _targets(model.layers, LORA_TARGETS):

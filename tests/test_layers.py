@@ -1,5 +1,6 @@
 """The packages form layers (docs/architecture.md#the-package): a module imports only packages
-of a lower layer or its own, at module level or inside a function, in any import form."""
+of a lower layer or its own, at module level or inside a function, in any import form; and the
+files of one package import each other without a loop (type-only imports aside)."""
 
 import ast
 from pathlib import Path
@@ -47,3 +48,72 @@ def test_the_check_sees_every_import_form():
     source = ("import ragen_jax.run.config\nfrom ragen_jax import training\nfrom ragen_jax.cli.args import x\n"
               "def f():\n    from ragen_jax.analysis import study\n")
     assert [p for _, p in imported_packages(ast.parse(source))] == ["run", "training", "cli", "analysis"]
+
+
+def run_time_imports(tree: ast.AST, package: str):
+    """Modules of `package` (dotted, e.g. `models.lora`) a module imports when it runs: at module
+    level or inside a function, any import form, not under `if TYPE_CHECKING:`."""
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            modules = []
+        for module in modules:
+            parts = module.split(".")
+            if parts[:2] == ["ragen_jax", package] and len(parts) > 2 and (ROOT / package / f"{parts[2]}.py").exists():
+                yield f"{package}.{parts[2]}"
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (or a module importing itself)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_file_of_a_package_imports_back_what_imports_it():
+    """Within a package, run-time imports between files form no loop (type-only imports aside)."""
+    graph = {}
+    for package in LAYERS:
+        for path in sorted((ROOT / package).glob("*.py")):
+            name = f"{package}.{path.stem}"
+            graph[name] = set(run_time_imports(ast.parse(path.read_text()), package)) - {name}
+    assert loops(graph) == []
+
+
+def test_the_loop_check_sees_a_loop_inside_a_function_and_not_a_type_only_one():
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ragen_jax.models.cache import KVCache\n"
+              "def f():\n    from ragen_jax.models.lora import merged\n    from ragen_jax.models import hf\n")
+    assert set(run_time_imports(ast.parse(source), "models")) == {"models.hf", "models.lora"}
+    assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert loops({"a": {"b"}, "b": set()}) == []

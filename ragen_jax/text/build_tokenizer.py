@@ -20,6 +20,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from ragen_jax.text.prompt import FORMAT_PROMPT, system_message, user_content
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 # Qwen2's pre-tokenization regex (as in its tokenizer.json).
@@ -49,13 +51,7 @@ FROZENLAKE_RULES = (
     "The meaning of each symbol in the state is:\n"
     "P: player, _: frozen, O: hole, G: goal, X: player in hole, √: player on goal"
 )
-FORMAT = ("Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
-          "with no extra text. Strictly follow this format.")
-WARNINGS = [
-    "Your previous response was invalid. No valid action was found in your answer.",
-    "Invalid action. Please choose from the available actions.",
-    "Action is invalid. You stay in the same position.",
-]
+REWARDS = [-0.1, -0.2, 0.9, 10.9, -1.1, 0.0, 1.0, 0.8, 9.8]
 DIRECTION_WORDS = {"Up": "above", "Down": "below", "Left": "to the left of", "Right": "to the right of"}
 
 
@@ -175,21 +171,13 @@ def episode(rng: random.Random) -> list[dict]:
     rules, actions, board_fn = ((SOKOBAN_RULES, SOKOBAN_ACTIONS, sokoban_board) if game == "sokoban"
                                 else (FROZENLAKE_RULES, FROZENLAKE_ACTIONS, frozenlake_board))
     budget, total = rng.choice([1, 2, 2, 3]), rng.choice([5, 10, 10, 20])
-    system = (f"You're a helpful assistant. {rules}\nYour available actions are:\n"
-              f"{', '.join(actions)}\nYou can make up to {budget} actions per turn, separated by "
-              f"the action separator \" || \"")
-    messages = [{"role": "system", "content": system}]
+    messages = [{"role": "system", "content": system_message(rules, actions, budget)}]
     for turn in range(1, rng.randint(2, 5)):
         board, grid = board_fn(rng)
         state = grid_coord(board, grid) if rng.random() < 0.3 else board
-        head = ""
-        if turn > 1:
-            head = f"Reward:\n{rng.choice(['-0.1', '-0.2', '0.9', '10.9', '-1.1', '0', '1', '0.8', '9.8'])}\n"
-            if rng.random() < 0.2:
-                head += rng.choice(WARNINGS) + "\n"
+        reward, warning = (None, False) if turn == 1 else (rng.choice(REWARDS), rng.random() < 0.2)
         left = max(total - (turn - 1) * budget, 1)
-        messages.append({"role": "user",
-                         "content": f"{head}Turn {turn}:\nState:\n{state}\nYou have {left} actions left. {FORMAT}"})
+        messages.append({"role": "user", "content": user_content(turn, state, left, reward, warning)})
         messages.append({"role": "assistant", "content": answer(rng, actions, budget)})
     return messages
 
@@ -199,10 +187,10 @@ def countdown(rng: random.Random) -> list[dict]:
     target = rng.randint(10, 999)
     expr = f" {rng.choice('+-*/')} ".join(str(n) for n in nums)
     return [
-        {"role": "system", "content": "You're a helpful assistant. You are solving the Countdown puzzle."},
+        {"role": "system", "content": system_message("You are solving the Countdown puzzle.")},
         {"role": "user", "content": f"Using the numbers {nums}, create an equation that equals {target}. "
                                     f"You can use basic arithmetic operations (+, -, *, /) and each number "
-                                    f"can only be used once. {FORMAT}"},
+                                    f"can only be used once. {FORMAT_PROMPT}"},
         {"role": "assistant", "content": f"<think> {rng.choice(GENERAL[-4:])} Let me try {expr}. </think> "
                                          f"<answer> ({expr}) </answer>"},
     ]

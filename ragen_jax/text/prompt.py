@@ -57,10 +57,17 @@ CHARS = "0123456789-."  # every character a rendered number uses
 def system_content(env, max_actions_per_turn: int) -> str:
     """The system message: greeting, the env's rules, its actions, the budget and separator
     (the last three only for envs whose answers name actions)."""
-    if env.answer_kind != "actions":
-        return f"You're a helpful assistant. {env.instructions()}"
-    return (f"You're a helpful assistant. {env.instructions()}\nYour available actions are:\n"
-            f"{', '.join(env.action_names)}\nYou can make up to {max_actions_per_turn} actions per "
+    actions = env.action_names if env.answer_kind == "actions" else None
+    return system_message(env.instructions(), actions, max_actions_per_turn)
+
+
+def system_message(instructions: str, action_names=None, max_actions_per_turn: int = 1) -> str:
+    """The system message's text for a game's `instructions` and, when its answers name
+    actions, `action_names` (None for a game answered in text)."""
+    if action_names is None:
+        return f"You're a helpful assistant. {instructions}"
+    return (f"You're a helpful assistant. {instructions}\nYour available actions are:\n"
+            f"{', '.join(action_names)}\nYou can make up to {max_actions_per_turn} actions per "
             f"turn, separated by the action separator \" {ACTION_SEP} \"")
 
 

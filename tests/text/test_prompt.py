@@ -14,7 +14,7 @@ from ragen_jax.envs.registry import make
 from ragen_jax.text import build_tokenizer
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import (FORMAT_PROMPT, INVALID_WARNING, ChatPieces, PromptTemplate, format_reward,
-                                   observation_ids, system_content, turn_ids, user_content)
+                                   observation_ids, system_content, system_message, turn_ids, user_content)
 from text_helpers import encode, grid_text, valid_ids
 
 _assemble = jax.jit(observation_ids)
@@ -32,10 +32,12 @@ def built(prompts, codecs):
     return lambda tokenizer, name: (prompts(tokenizer, name), codecs(tokenizer, name))
 
 
-def test_texts_are_the_tokenizers_training_texts():
-    """The built-in tokenizer learnt these strings; keep them in step."""
-    assert FORMAT_PROMPT == build_tokenizer.FORMAT
-    assert INVALID_WARNING in build_tokenizer.WARNINGS
+def test_the_tokenizers_corpus_holds_the_prompts_texts():
+    """The built-in tokenizer learns from user messages the prompt itself writes: its format
+    line, its warning and its reward lines are in the corpus."""
+    text = "\n".join(build_tokenizer.corpus(60, seed=0))
+    assert FORMAT_PROMPT in text and INVALID_WARNING in text and "Reward:\n-0.1\n" in text
+    assert system_message(build_tokenizer.SOKOBAN_RULES, build_tokenizer.SOKOBAN_ACTIONS, 2) in text
 
 
 @pytest.mark.parametrize("name", ["SimpleSokoban", "FrozenLake"])

@@ -52,33 +52,44 @@ def run_jobs(jobs: list[Job], workers: int, poll_seconds: float = 1.0, say=print
     if unknown:
         raise ValueError(f"jobs wait for unknown jobs: {sorted(unknown)}")
     running: dict[str, tuple[subprocess.Popen, float, object]] = {}
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_stopped) if on_main_thread else None
+    stop = _StopRequest()
+    # SIGTERM always; Ctrl-C unless this process ignores it (a non-interactive shell's background job)
+    handled = [signum for signum in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(signum) is not signal.SIG_IGN]
+    handled = handled if threading.current_thread() is threading.main_thread() else []
+    previous = {signum: signal.signal(signum, stop.handler) for signum in handled}
     try:
-        return _run(list(jobs), workers, poll_seconds, say, running)
-    except (KeyboardInterrupt, Stopped) as stop:
+        codes = _run(list(jobs), workers, poll_seconds, say, running, stop)
+        if stop.signum is None:
+            return codes
         for process, _, _ in running.values():
-            if process.poll() is None:
-                process.terminate()
+            process.terminate()
         for process, _, log in running.values():
             process.wait()
             log.close()
-        raise Stopped(143 if isinstance(stop, Stopped) else 130, sorted(running)) from None
+        raise Stopped(128 + stop.signum, sorted(running))
     finally:
-        if on_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def _raise_stopped(signum, frame):
-    raise Stopped(143, [])
+class _StopRequest:
+    """Ctrl-C or SIGTERM, noted by the signal handler and acted on by the pool's loop between
+    its steps. Raising from the handler instead could interrupt `Popen.poll` while it holds the
+    process's wait lock, and the pool's later `wait` would then block for ever."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def handler(self, signum, frame):
+        self.signum = signum
 
 
-def _run(waiting: list[Job], workers: int, poll_seconds: float, say, running: dict) -> dict[str, int]:
-    """`run_jobs`' loop: `running` (name -> process, start time, log) is the caller's, so that a
-    stop can reach the processes."""
+def _run(waiting: list[Job], workers: int, poll_seconds: float, say, running: dict, stop: _StopRequest) -> dict[str, int]:
+    """`run_jobs`' loop, until every job has ended or `stop` is asked for: `running` (name ->
+    process, start time, log) is the caller's, so that a stop can reach the processes."""
     codes: dict[str, int] = {}
     start = time.monotonic()
-    while waiting or running:
+    while (waiting or running) and stop.signum is None:
         for name, (process, began, log) in list(running.items()):
             if process.poll() is not None:
                 log.close()
@@ -94,6 +105,8 @@ def _run(waiting: list[Job], workers: int, poll_seconds: float, say, running: di
                 continue
             if len(running) >= workers or any(a not in codes for a in job.after) or not job.ready(codes):
                 continue
+            if stop.signum is not None:
+                break
             job.before()
             job.log.parent.mkdir(parents=True, exist_ok=True)
             log = job.log.open("w")

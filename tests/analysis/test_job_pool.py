@@ -99,17 +99,7 @@ def test_a_stopped_pool_passes_sigterm_to_its_jobs_and_waits_for_them(tmp_path, 
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"{n}.up").exists() for n in "ab") and time.monotonic() < deadline:
         time.sleep(0.05)
-    # Signalled again while no job has been told to stop: under the full suite's load a lone
-    # SIGINT to the pool was seen to go unanswered (about one suite run in three, not
-    # reproduced alone); a user's second Ctrl-C does the same.
-    answered = lambda: pool.poll() is not None or any((tmp_path / n).exists() for n in "ab")
-    for _ in range(12):
-        pool.send_signal(signum)
-        deadline = time.monotonic() + 5
-        while not answered() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if answered():
-            break
+    pool.send_signal(signum)  # once: the pool acts on it between its steps
     out, _ = pool.communicate(timeout=60)
     assert pool.returncode == code and out.strip() == "['a', 'b']"
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "saved"

@@ -15,19 +15,23 @@ Faults. Once a save has finished, its step directory gets a list of its files
 checks the files against it: a truncated, zeroed, deleted or garbled file is named in one
 line before orbax reads anything (orbax does not notice bytes changed in place in a data file
 and restores wrong numbers; a read that fails inside orbax may leave its other reads running
-in closed event loops, which print tracebacks later). `restore_newest` falls back to older
+in closed event loops). `restore_newest` falls back to older
 checkpoints; `set_aside` moves a damaged one out of orbax's directory. A save first checks
 that the disk has room for the state; a write that fails anyway, in orbax's background
 thread, is raised as `CheckpointWriteError` at the next `poll`, `save` or `close`, and its
-partial files are removed.
+partial files are removed. A failed read or write leaves orbax's other transfers of it to finish
+later and report to an event loop already closed: those reports ("Event loop is closed", as
+unraisable exceptions) are not printed; the failure itself is, once, by us.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
+import sys
 import zlib
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -60,6 +64,30 @@ class _ReportedByUs(logging.Filter):
 
 _ORBAX = str(Path(ocp.__file__).parent)
 logging.getLogger("absl").addFilter(_ReportedByUs())  # orbax logs through absl's logger
+
+
+def _closed_loop_report(unraisable) -> bool:
+    """An asyncio callback scheduled from another thread after its loop closed (see the module's
+    docstring): `call_soon_threadsafe` on a closed loop, raised where no one can catch it."""
+    frame = unraisable.exc_traceback
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and frame is not None and frame.tb_frame.f_code.co_filename == asyncio.base_events.__file__)
+
+
+def _quiet_closed_loop_reports() -> None:
+    """Drop `_closed_loop_report`s, pass every other unraisable exception on (installed once)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_reports", False):
+        return
+
+    def hook(unraisable):
+        if not _closed_loop_report(unraisable):
+            previous(unraisable)
+
+    hook.drops_closed_loop_reports = True
+    sys.unraisablehook = hook
 
 
 class CheckpointError(RuntimeError):
@@ -179,6 +207,7 @@ class Checkpoints:
         """`base`: what names a LoRA run's base (the config's model keys), written to `base.json`."""
         self.directory = Path(workdir).absolute() / "checkpoints"
         self.base = base
+        _quiet_closed_loop_reports()
         self._fingerprint: list[float] | None = None  # of the base the run loaded (computed once)
         if read_only:  # create=False and no save ever: orbax's read_only option only adds warnings
             options = ocp.CheckpointManagerOptions(create=False)

@@ -26,6 +26,7 @@ directory, a line of metrics) and seeded delays: where one lands varies with the
 speed, and any landing must resume exactly, so the verdict does not.
 """
 
+import asyncio
 import contextlib
 import json
 import os
@@ -34,6 +35,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import types
 
@@ -343,9 +345,11 @@ def test_an_export_to_a_full_disk_leaves_nothing(reference, tmp_path, capsys):
         assert list(disk.iterdir()) == []
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_write_that_fails_in_the_background_stops_at_the_next_poll(like, tmp_path, monkeypatch):
     """The disk fills while orbax writes (the room check passed): the failure, raised in
-    orbax's thread, is raised by the next `poll` without waiting for anything else."""
+    orbax's thread, is raised by the next `poll` without waiting for anything else; orbax's
+    transfers that end after it print nothing (an unraisable exception fails this test)."""
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=1 << 40))
     with tmpfs(tmp_path / "disk", 16 << 10) as disk:
         checkpoints = Checkpoints(disk / "run")
@@ -364,3 +368,24 @@ def test_a_write_that_fails_in_the_background_stops_at_the_next_poll(like, tmp_p
         checkpoints.close()
         assert snapshot(disk / "run" / "checkpoints" / "1") == first
         checkpoints.verify(1)
+
+
+def test_reports_to_a_closed_event_loop_are_dropped_and_other_unraisables_kept(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    checkpoint._quiet_closed_loop_reports()
+    checkpoint._quiet_closed_loop_reports()  # installed once
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    class Late:  # a transfer's callback that reports to its closed loop
+        def __del__(self):
+            loop.call_soon_threadsafe(print)
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("kept")
+
+    Late()
+    Broken()
+    assert [type(u.exc_value) for u in seen] == [ValueError]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
+from flax import nnx, struct
 
 from ragen_jax.models import lora as lora_lib
 from ragen_jax.rl import advantages as adv
@@ -94,19 +94,32 @@ def advantages(learner: Learner, critic_state, batch: Batch, episode_reward, row
     return batch.replace(advantages=gae_advantages, returns=returns, old_values=values)
 
 
-def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, policy_opt, critic, critic_opt,
-             reference, batch: Batch, kept_rows, loss_scale, lr_factor, dropout_key=None):
+@struct.dataclass
+class Models:
+    """What the optimiser steps work on (a pytree): the policy and its optimiser state, PPO's
+    critic and its optimiser state (None without one), and the KL reference policy (None
+    without a KL term; only read)."""
+
+    policy: Any
+    policy_opt: Any
+    critic: Any = None
+    critic_opt: Any = None
+    reference: Any = None
+
+
+def optimise(learner: Learner, filter_config: filtering.FilterConfig, models: Models, batch: Batch, kept_rows,
+             loss_scale, lr_factor, dropout_key=None) -> tuple[Models, dict, jax.Array]:
     """The optimiser steps over the kept rows (first in `batch`): `filter.update` decides how
     many and which window of rows each trains on (a window of `mini_batch_size` rows whose rows
-    past the window's end are masked). Returns the new policy, its optimiser state, the new
-    critic and its optimiser state, the statistics summed over the steps, and the steps run.
-    `dropout_key` (with `learner.dropout`): step i's actor folds in (i, 0), its critic (i, 1)."""
+    past the window's end are masked). Returns the models after them, the statistics summed
+    over the steps, and the steps run. `dropout_key` (with `learner.dropout`): step i's actor
+    folds in (i, 0), its critic (i, 1)."""
     algo, mb, total_rows = learner.algo, learner.algo.mini_batch_size, batch.loss_mask.shape[0]
     steps = filtering.update_steps(filter_config, kept_rows, total_rows, mb)
     zero_stats = {name: jnp.float32(0.0) for name in (*UPDATE_STATS, "update/micro_batches")}
 
     def one_step(i, carry):
-        params, opt, critic, critic_opt, totals = carry
+        now, totals = carry
         start, end = filtering.step_rows(filter_config, i % steps, steps, kept_rows, mb)
         window = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, mb), batch)
         in_step = jnp.arange(mb) < end - start
@@ -116,19 +129,21 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, policy, po
         mbatch = learner.rows(window.replace(loss_mask=window.loss_mask & in_step[:, None]))
         step_scale = filtering.step_loss_scale(filter_config, loss_scale, end - start, mb)
         key = fold(dropout_key, i)
-        params, opt, stats = actor_step(learner, params, opt, reference, mbatch, step_scale, lr_factor,
-                                        fold(key, 0))
+        policy, policy_opt, stats = actor_step(learner, now.policy, now.policy_opt, models.reference, mbatch,
+                                               step_scale, lr_factor, fold(key, 0))
+        now = now.replace(policy=policy, policy_opt=policy_opt)
         if algo.uses_critic:
-            critic, critic_opt, critic_stats = critic_step(learner, critic, critic_opt, mbatch, lr_factor,
+            critic, critic_opt, critic_stats = critic_step(learner, now.critic, now.critic_opt, mbatch, lr_factor,
                                                            fold(key, 1))
+            now = now.replace(critic=critic, critic_opt=critic_opt)
             stats.update(critic_stats)
         totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
-        return params, opt, critic, critic_opt, totals
+        return now, totals
 
     iterations = steps * algo.epochs
-    policy, policy_opt, critic, critic_opt, totals = jax.lax.fori_loop(
-        0, iterations, one_step, (policy, policy_opt, critic, critic_opt, zero_stats))
-    return policy, policy_opt, critic, critic_opt, totals, iterations
+    # the reference is only read: a constant of the loop, not carried (a carried copy costs memory)
+    trained, totals = jax.lax.fori_loop(0, iterations, one_step, (models.replace(reference=None), zero_stats))
+    return trained.replace(reference=models.reference), totals, iterations
 
 
 def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor, dropout_key=None):

@@ -164,14 +164,15 @@ def update_step(setup: StepSetup, state: TrainState, traj: Trajectories, key: ja
     # 5. optimiser steps over the kept rows (a loop whose trip count depends on how many were kept);
     # the LoRA dropout's key folded from the filter's, which stays as without dropout
     dropout_key = jax.random.fold_in(key, 1) if learner.dropout else None
-    policy, policy_opt, critic, critic_opt, totals, iterations = update.optimise(
-        learner, cfg.filter, state.policy, state.policy_opt, state.critic, state.critic_opt, state.reference,
-        batch, kept_rows, loss_scale, lr_factor, dropout_key)
+    models = update.Models(state.policy, state.policy_opt, state.critic, state.critic_opt, state.reference)
+    models, totals, iterations = update.optimise(learner, cfg.filter, models, batch, kept_rows, loss_scale,
+                                                 lr_factor, dropout_key)
 
     metrics.update(update_metrics(cfg.algo, batch, totals, iterations, kept_rows, loss_scale, lr_factor))
     empty = keep.sum() == 0
-    new_state = state.replace(step=state.step + 1, policy=policy, policy_opt=policy_opt, critic=critic,
-                              critic_opt=critic_opt, empty_streak=jnp.where(empty, state.empty_streak + 1, 0))
+    new_state = state.replace(step=state.step + 1, policy=models.policy, policy_opt=models.policy_opt,
+                              critic=models.critic, critic_opt=models.critic_opt,
+                              empty_streak=jnp.where(empty, state.empty_streak + 1, 0))
     metrics["filter/empty_streak"] = new_state.empty_streak.astype(jnp.float32)
     return new_state, metrics
 
@@ -345,49 +346,23 @@ class Trainer:
             return self._rollout(policy_state, key, codec, prompt)
 
     def init_state(self, key: jax.Array, policy: Decoder, critic: ValueModel | None = None) -> TrainState:
-        """A fresh state: the policy's weights, a critic copied from them (PPO), the frozen
-        reference (KL only), optimiser states, and on a mesh everything placed by its rules."""
-        algo = self.config.algo
-        # Copies: the compiled step donates the state's buffers, the caller keeps its model.
-        policy_state = jax.tree.map(jnp.copy, nnx.state(policy))
-        critic_state = None
-        if algo.uses_critic:
-            critic_state = (nnx.state(critic_from_policy(policy)) if critic is None
-                            else jax.tree.map(jnp.copy, nnx.state(critic)))
-        # the KL reference: a copy of the initial policy; with LoRA none (the policy's own base
-        # weights with its adapters off, `update.actor_step`)
-        lora = self.setup.learner.lora
-        reference = jax.tree.map(jnp.copy, policy_state) if algo.uses_reference and not lora else None
-        diagnostics = None
-        if self.config.diagnostics is not None:
-            from ragen_jax.diagnostics.diagnose import DiagnosticsState
-
-            diagnostics = DiagnosticsState.create()
-        if self.mesh is not None:
-            place = lambda s: None if s is None else jax.device_put(s, sharding.module_shardings(s, self.mesh))
-            policy_state, critic_state, reference = place(policy_state), place(critic_state), place(reference)
-        learner = self.setup.learner
-
-        def init_opt(tx, params):  # on a mesh, Adam's moments are sharded like their parameters
-            if params is None:
-                return None
-            params = learner.opt_params(params)  # with LoRA: the adapters (and the critic's head) only
-            if self.mesh is None:
-                return jax.jit(tx.init)(params)
-            return jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, self.mesh))(params)
-
-        state = TrainState(
-            step=jnp.int32(0), key=key, policy=policy_state, policy_opt=init_opt(self.actor_tx, policy_state),
-            critic=critic_state, critic_opt=init_opt(self.critic_tx, critic_state), reference=reference,
-            empty_streak=jnp.int32(0), diagnostics=diagnostics,
-        )
-        if self.mesh is not None:  # scalars and keys replicated; optimiser moments follow their params
-            return jax.tree.map(lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding)
-                                else sharding.put_replicated(x, self.mesh), state)
-        # Every leaf committed to one device: a state mixing committed leaves (weights loaded with
-        # device_put) and uncommitted ones (fresh scalars) comes back from the step all committed,
-        # which misses the jit cache and compiles the step a second time.
-        return jax.device_put(state, jax.devices()[0])
+        """A fresh state (`fresh_state`): the policy's weights, a critic copied from them (PPO),
+        the frozen reference (KL only), optimiser states, and on a mesh everything placed as
+        `abstract_state` says, the moments created in place (never whole on one device)."""
+        critic = (critic_from_policy(policy) if critic is None else critic) if self.config.algo.uses_critic else None
+        critic_state = None if critic is None else nnx.state(critic)
+        build = functools.partial(fresh_state, self.config, self.setup.learner)
+        if self.mesh is None:
+            # Every leaf committed to one device: a state mixing committed leaves (weights loaded with
+            # device_put) and uncommitted ones (fresh scalars) comes back from the step all committed,
+            # which misses the jit cache and compiles the step a second time.
+            return jax.device_put(jax.jit(build)(key, nnx.state(policy), critic_state), jax.devices()[0])
+        shapes = abstract_state(self.config, self.setup.learner, policy, critic, self.mesh)
+        shardings = jax.tree.map(lambda x: x.sharding, shapes)
+        place = lambda s, to: None if s is None else jax.device_put(s, to)
+        return jax.jit(build, out_shardings=shardings)(sharding.put_replicated(key, self.mesh),
+                                                       place(nnx.state(policy), shardings.policy),
+                                                       place(critic_state, shardings.critic))
 
     def _compile(self, fn):
         if self.mesh is None:
@@ -404,37 +379,47 @@ class Trainer:
         return compiled
 
 
-def abstract_state(config: StepConfig, learner: update.Learner, policy: Decoder, critic, mesh) -> TrainState:
-    """The state `Trainer.init_state` makes from `policy` (abstract or real), as ShapeDtypeStructs
-    carrying its shardings: weights and optimiser moments by their rules, the rest replicated.
-    `critic`: the critic model as ShapeDtypeStructs (PPO), or None. What the planner measures and
-    an "auto" micro-batch counts as resident."""
-    algo, rep = config.algo, None if mesh is None else sharding.replicated(mesh)
-
-    def optimiser(tx, params):  # as init_state: moments sharded like their parameters
-        shapes = jax.eval_shape(tx.init, params)
-        if mesh is None:
-            return shapes
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-                            sharding.optimizer_shardings(tx, params, mesh))
-
-    def scalar(like):
-        return jax.ShapeDtypeStruct(jnp.shape(like), jnp.result_type(like), sharding=rep)
-
-    weights = micro_batch.abstract_params(nnx.state(policy), mesh)
-    critic_state = None if critic is None else micro_batch.abstract_params(nnx.state(critic), mesh)
+def fresh_state(config: StepConfig, learner: update.Learner, key: jax.Array, policy_state: nnx.State,
+                critic_state: nnx.State | None) -> TrainState:
+    """The train state before step 1, built from the policy's (and PPO's critic's) weights: the
+    one builder of it. Pure: `Trainer.init_state` compiles it with the mesh's placements and
+    `abstract_state` is its `jax.eval_shape`. The weights are copied (the compiled step donates
+    the state's buffers; the caller keeps its model); the KL reference is a copy of the initial
+    policy, with LoRA none (the policy's own base with its adapters off, `update.actor_step`)."""
+    copy = lambda tree: None if tree is None else jax.tree.map(jnp.copy, tree)
+    opt = lambda tx, params: None if params is None else tx.init(learner.opt_params(params))  # LoRA: adapters
     diagnostics = None
     if config.diagnostics is not None:
         from ragen_jax.diagnostics.diagnose import DiagnosticsState
 
-        diagnostics = jax.tree.map(scalar, jax.eval_shape(DiagnosticsState.create))
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    return TrainState(
-        step=scalar(jnp.int32(0)), key=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep), policy=weights,
-        policy_opt=optimiser(learner.actor_tx, learner.opt_params(weights)), critic=critic_state,
-        critic_opt=None if critic is None else optimiser(learner.critic_tx, learner.opt_params(critic_state)),
-        reference=weights if algo.uses_reference and not learner.lora else None,  # LoRA: the base, no copy
-        empty_streak=scalar(jnp.int32(0)), diagnostics=diagnostics)
+        diagnostics = DiagnosticsState.create()
+    reference = copy(policy_state) if config.algo.uses_reference and not learner.lora else None
+    return TrainState(step=jnp.int32(0), key=key, policy=copy(policy_state),
+                      policy_opt=opt(learner.actor_tx, policy_state), critic=copy(critic_state),
+                      critic_opt=opt(learner.critic_tx, critic_state), reference=reference,
+                      empty_streak=jnp.int32(0), diagnostics=diagnostics)
+
+
+def abstract_state(config: StepConfig, learner: update.Learner, policy: Decoder, critic, mesh) -> TrainState:
+    """`fresh_state` of `policy` (abstract or real) as ShapeDtypeStructs, on a mesh carrying the
+    shardings `init_state` gives: weights by their partition rules, optimiser moments like their
+    parameters, everything else replicated. `critic`: the critic model, abstract or real (PPO),
+    or None. What the planner measures and an "auto" micro-batch counts as resident."""
+    weights = micro_batch.abstract_params(nnx.state(policy), mesh)
+    critic_state = None if critic is None else micro_batch.abstract_params(nnx.state(critic), mesh)
+    shapes = jax.eval_shape(functools.partial(fresh_state, config, learner), jax.random.key(0), weights,
+                            critic_state)
+    if mesh is None:
+        return shapes
+    at = lambda tree, shardings: jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    rep = sharding.replicated(mesh)
+    optimiser = lambda tx, opt, params: None if opt is None else at(
+        opt, sharding.optimizer_shardings(tx, learner.opt_params(params), mesh))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), shapes).replace(
+        policy=weights, critic=critic_state, reference=None if shapes.reference is None else weights,
+        policy_opt=optimiser(learner.actor_tx, shapes.policy_opt, weights),
+        critic_opt=optimiser(learner.critic_tx, shapes.critic_opt, critic_state))
 
 
 def rollout_metrics(traj: Trajectories) -> dict[str, jax.Array]:

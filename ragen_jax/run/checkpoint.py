@@ -198,24 +198,10 @@ def list_files(directory: Path) -> dict:
     return files
 
 
-class Checkpoints:
-    """The checkpoints of one workdir. `read_only`: for evaluation, export and initial weights,
-    which never save (and must work on a workdir they may not write)."""
-
-    def __init__(self, workdir: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only=False,
-                 base: dict | None = None):
-        """`base`: what names a LoRA run's base (the config's model keys), written to `base.json`."""
-        self.directory = Path(workdir).absolute() / "checkpoints"
-        self.base = base
-        _quiet_closed_loop_reports()
-        self._fingerprint: list[float] | None = None  # of the base the run loaded (computed once)
-        if read_only:  # create=False and no save ever: orbax's read_only option only adds warnings
-            options = ocp.CheckpointManagerOptions(create=False)
-        else:  # a writer removes the temporary directories of saves a crash interrupted
-            options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
-                                                   enable_async_checkpointing=asynchronous)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",))
-        self.pending: int | None = None  # the step of a save that may still be writing
+class _CheckpointFiles:
+    """The step directories of one workdir's checkpoints: which steps exist, their file lists
+    checked (`verify`), the newest that restores (`restore_newest`), a damaged one moved aside.
+    `Checkpoints` adds saving and restoring; `self.directory` and `self.manager` are its."""
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -223,7 +209,77 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    # ------------------------------------------------------------------ writing
+    def _check(self, step: int) -> None:
+        steps = self.steps()
+        if step not in steps:
+            have = ", ".join(map(str, steps)) if steps else "none"
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory} (available: {have})")
+
+    def verify(self, step: int) -> None:
+        """Raise CheckpointError naming the first file of `step` that differs from its file list.
+        A checkpoint without a list (a run killed before writing it) is left to orbax's checks."""
+        directory = self.directory / str(step)
+        if not (directory / FILE_LIST).exists():
+            return
+        try:
+            expected = json.loads((directory / FILE_LIST).read_text())["files"]
+            expected = {name: (int(want["size"]), want.get("crc32")) for name, want in expected.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"checkpoint {directory} is damaged: its {FILE_LIST} is unreadable") from None
+        for name, (size, crc) in expected.items():
+            path = directory / name
+            if not path.is_file():
+                problem = "is missing"
+            elif path.stat().st_size != size:
+                problem = f"has {path.stat().st_size} bytes instead of {size}"
+            elif crc is not None and _crc32(path) != crc:
+                problem = "does not match its checksum"
+            else:
+                continue
+            raise CheckpointError(f"checkpoint {directory} is damaged: {name} {problem}")
+
+    def restore_newest(self, restore: Callable[[int], T]) -> tuple[int, T, list[tuple[int, CheckpointError]]]:
+        """`restore(step)` of the newest checkpoint it succeeds on: (step, result, the newer
+        steps that failed with their errors). When none restores, the newest's error is raised
+        and nothing is called damaged: then the code or the config, not the files, is at fault."""
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        failed = []
+        for step in reversed(steps):
+            try:
+                result, error = restore(step), None
+            except CheckpointError as err:
+                result, error = None, err
+            if distributed.any_process(error is not None):  # every process restores the same step
+                failed.append((step, error or CheckpointError(
+                    f"checkpoint {self.directory / str(step)} could not be restored on another process")))
+                continue
+            return step, result, failed
+        raise failed[0][1]
+
+    def set_aside(self, step: int) -> Path:
+        """Move a damaged checkpoint to WORKDIR/damaged_checkpoints/<step> (kept for the user to
+        inspect or delete, out of orbax's sight so the step can be saved again); returns where."""
+        aside = self.directory.parent / "damaged_checkpoints"
+        target, copy = aside / str(step), 1
+        while target.exists():
+            copy += 1
+            target = aside / f"{step}-{copy}"
+        if distributed.is_lead():
+            aside.mkdir(exist_ok=True)
+            (self.directory / str(step)).rename(target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"ragen_jax set aside checkpoint {step}")
+        self.manager.reload()
+        return target
+
+
+class _Saving(_CheckpointFiles):
+    """Writing checkpoints: in the background, after a check for room, each failure raised as
+    one `CheckpointWriteError` and its partial files removed."""
 
     def save(self, state: TrainState, force: bool = False) -> None:
         """Start writing `state` (in the background); the previous save is finished first."""
@@ -293,7 +349,10 @@ class Checkpoints:
             for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(partial, ignore_errors=True)
 
-    # ------------------------------------------------------------------ reading
+
+class _Restoring(_CheckpointFiles):
+    """Reading checkpoints: the whole state, or only the policy into either layer layout; a
+    LoRA checkpoint only onto the base it names."""
 
     def restore(self, step: int, like: TrainState) -> TrainState:
         """The saved state, shaped and placed like `like` (a freshly initialised state; a LoRA
@@ -378,69 +437,23 @@ class Checkpoints:
         except Exception:  # no metadata: restore as asked, and let the restore name the problem
             return None
 
-    def verify(self, step: int) -> None:
-        """Raise CheckpointError naming the first file of `step` that differs from its file list.
-        A checkpoint without a list (a run killed before writing it) is left to orbax's checks."""
-        directory = self.directory / str(step)
-        if not (directory / FILE_LIST).exists():
-            return
-        try:
-            expected = json.loads((directory / FILE_LIST).read_text())["files"]
-            expected = {name: (int(want["size"]), want.get("crc32")) for name, want in expected.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            raise CheckpointError(f"checkpoint {directory} is damaged: its {FILE_LIST} is unreadable") from None
-        for name, (size, crc) in expected.items():
-            path = directory / name
-            if not path.is_file():
-                problem = "is missing"
-            elif path.stat().st_size != size:
-                problem = f"has {path.stat().st_size} bytes instead of {size}"
-            elif crc is not None and _crc32(path) != crc:
-                problem = "does not match its checksum"
-            else:
-                continue
-            raise CheckpointError(f"checkpoint {directory} is damaged: {name} {problem}")
 
-    def restore_newest(self, restore: Callable[[int], T]) -> tuple[int, T, list[tuple[int, CheckpointError]]]:
-        """`restore(step)` of the newest checkpoint it succeeds on: (step, result, the newer
-        steps that failed with their errors). When none restores, the newest's error is raised
-        and nothing is called damaged: then the code or the config, not the files, is at fault."""
-        steps = self.steps()
-        if not steps:
-            raise CheckpointError(f"no checkpoint in {self.directory}")
-        failed = []
-        for step in reversed(steps):
-            try:
-                result, error = restore(step), None
-            except CheckpointError as err:
-                result, error = None, err
-            if distributed.any_process(error is not None):  # every process restores the same step
-                failed.append((step, error or CheckpointError(
-                    f"checkpoint {self.directory / str(step)} could not be restored on another process")))
-                continue
-            return step, result, failed
-        raise failed[0][1]
+class Checkpoints(_Saving, _Restoring):
+    """The checkpoints of one workdir: saving (`_Saving`), restoring (`_Restoring`), the step
+    directories and their checks (`_CheckpointFiles`). `read_only`: for evaluation, export and
+    initial weights, which never save (and must work on a workdir they may not write)."""
 
-    def set_aside(self, step: int) -> Path:
-        """Move a damaged checkpoint to WORKDIR/damaged_checkpoints/<step> (kept for the user to
-        inspect or delete, out of orbax's sight so the step can be saved again); returns where."""
-        aside = self.directory.parent / "damaged_checkpoints"
-        target, copy = aside / str(step), 1
-        while target.exists():
-            copy += 1
-            target = aside / f"{step}-{copy}"
-        if distributed.is_lead():
-            aside.mkdir(exist_ok=True)
-            (self.directory / str(step)).rename(target)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"ragen_jax set aside checkpoint {step}")
-        self.manager.reload()
-        return target
-
-    def _check(self, step: int) -> None:
-        steps = self.steps()
-        if step not in steps:
-            have = ", ".join(map(str, steps)) if steps else "none"
-            raise CheckpointError(f"no checkpoint for step {step} in {self.directory} (available: {have})")
+    def __init__(self, workdir: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only=False,
+                 base: dict | None = None):
+        """`base`: what names a LoRA run's base (the config's model keys), written to `base.json`."""
+        self.directory = Path(workdir).absolute() / "checkpoints"
+        self.base = base
+        _quiet_closed_loop_reports()
+        self._fingerprint: list[float] | None = None  # of the base the run loaded (computed once)
+        if read_only:  # create=False and no save ever: orbax's read_only option only adds warnings
+            options = ocp.CheckpointManagerOptions(create=False)
+        else:  # a writer removes the temporary directories of saves a crash interrupted
+            options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
+                                                   enable_async_checkpointing=asynchronous)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",))
+        self.pending: int | None = None  # the step of a save that may still be writing

@@ -60,6 +60,7 @@ PANELS: tuple = (
         ("val/reasoning/player_right", "right", "points"),
         ("val/reasoning/player_top_share", "most named cell", "faint"),
         ("val/reasoning/holes_right", "holes next to it right", "points"),
+        ("val/reasoning/walls_right", "walls next to it right", "points"),
     )),
 )
 ALARM = "mi/collapse_alarm"

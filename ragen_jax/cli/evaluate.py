@@ -108,8 +108,9 @@ def table(result: dict) -> str:
         rows += [("reasoning: player cell right", m["reasoning/player_right"]),
                  ("reasoning: most named player cell's share", m["reasoning/player_top_share"]),
                  ("answer repeats the reasoning", m["reasoning/answer_repeats_reasoning"])]
-    if "reasoning/holes_right" in m:  # FrozenLake's template also names the holes next to the player
-        rows += [("reasoning: holes next to player right", m["reasoning/holes_right"])]
+    for kind in ("holes", "walls"):  # the template may also name the holes (FrozenLake) or walls next to the player
+        if f"reasoning/{kind}_right" in m:
+            rows += [(f"reasoning: {kind} next to player right", m[f"reasoning/{kind}_right"])]
     width = max(len(name) for name, _ in rows)
     lines = [f"step {result['step']}: {result['episodes']} episodes × {result['samples_per_env']} samples, "
              f"temperature {result['temperature']}, seed {result['seed']}"]

@@ -1,4 +1,4 @@
-"""`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--batch-size B] [--lr LR] [--init W] [--name-holes] [--eval-every K] [--export HF_DIR]`
+"""`python -m ragen_jax.sft --config configs/sokoban_tiny.py --workdir DIR [--episodes N] [--epochs E] [--batch-size B] [--lr LR] [--init W] [--name-blocked] [--eval-every K] [--export HF_DIR]`
 
 Supervised warm start from solver demonstrations (`ragen_jax.training.sft` says how), saved as
 a checkpoint that `train` can start from (`--config.model.init=DIR`). The fit shows `train`'s
@@ -46,8 +46,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=SFTConfig.lr)
     parser.add_argument("--batch-size", type=int, default=SFTConfig.batch_size, help="episodes per Adam step")
     parser.add_argument("--noise", type=float, default=SFTConfig.noise)
-    parser.add_argument("--name-holes", action="store_true", help="FrozenLake: the reasoning also names the "
-                        "moves that would step into a hole (docs/tuning.md, naming the holes)")
+    parser.add_argument("--name-blocked", "--name-holes", dest="name_blocked", action="store_true",
+                        help="the reasoning also names the moves into a hole (FrozenLake) or a wall (Sokoban) next "
+                        "to the player (docs/tuning.md, naming the holes)")
     parser.add_argument("--init", default=None, help="continue from these weights (a workdir, a Hugging Face "
                         "directory or builtin:<name>) instead of random ones")
     parser.add_argument("--eval-every", type=int, default=0, help="validate, record and checkpoint every K "
@@ -65,8 +66,8 @@ def main(argv=None) -> int:
         exp = make_experiment(config)
         # `--config.seed` picks the demonstrations' levels and noise and the minibatch order
         sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, batch_size=extra.batch_size, lr=extra.lr,
-                        noise=extra.noise, name_holes=extra.name_holes, seed=exp.run.settings.seed)
-        check_env(exp.env, sft)  # a solver, and holes to name if asked
+                        noise=extra.noise, name_blocked=extra.name_blocked, seed=exp.run.settings.seed)
+        check_env(exp.env, sft)  # a solver, and holes or walls to name if asked
         check_writable_dir(workdir, "--workdir")
         settings = {"config": json.loads(to_json(exp.run.values)), "sft": dataclasses.asdict(sft)}
         done = check_resumable(workdir, settings)

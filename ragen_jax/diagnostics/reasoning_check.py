@@ -13,9 +13,10 @@ module checks, on the host and against the text of the board the turn was shown:
   the board (the paper's template collapse, seen in the coordinates: docs/results.md, "The collapse signature");
 - `answer_repeats_reasoning`: of the turns that name moves, share whose answer gives the same
   moves (the environment acts on the answer only);
-- FrozenLake only, when the reasoning names the moves that would step into a hole ("holes:
-  Left, Down" or "holes: none"): `holes_stated`, the share of turns that do, and `holes_right`,
-  of those, the share naming exactly the board's holes (`O`) next to the player.
+- when the reasoning names the moves into the cells next to the player that block them
+  (FrozenLake "holes: Left, Down", Sokoban "walls: Up" or "…: none"): `holes_stated` /
+  `walls_stated`, the share of turns that do, and `holes_right` / `walls_right`, of those, the
+  share naming exactly the board's holes (`O`) or walls (`#`) next to the player.
 
 `validation_metrics` runs it on a validation's trajectories; a policy that reasons freely (a
 real checkpoint) gets no metrics, not zeros. benchmarks/board_reading.py adds a solver-graded
@@ -30,10 +31,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ragen_jax.envs.frozenlake import moves_into_holes
+from ragen_jax.envs.text_view import moves_into
 
 PLAYER = re.compile(r"Player \((\d+), (\d+)\)")
-HOLES = re.compile(r"holes: ([A-Za-z, ]*?)\.")
+BLOCKED = re.compile(r"(holes|walls): ([A-Za-z, ]*?)\.")
+BLOCKING_SYMBOL = {"holes": "O", "walls": "#"}  # the cell a named move would go into
 MOVES = re.compile(r"I move (.+?)\.\s*</think>\s*<answer>(.*?)</answer>", re.S)
 _BOARD = re.compile(r"State:\n(.*?)\nYou have", re.S)
 _OUTPUT = re.compile(r"\[model output\][^\n]*\n(.*?)\n\[", re.S)
@@ -61,10 +63,10 @@ def named_and_answered(output: str) -> tuple[list[str], list[str]] | None:
 
 
 def reading_scores(text: str) -> dict[str, float]:
-    """`turns` played, and the shares above, over every turn in the rendered text (the hole
-    shares only when some turn names holes)."""
-    turns = coords_right = stated = consistent = with_moves = holes_stated = holes_right = 0
-    named = collections.Counter()
+    """`turns` played, and the shares above, over every turn in the rendered text (the shares
+    of holes or walls only when some turn names them)."""
+    turns = coords_right = stated = consistent = with_moves = 0
+    named, blocked_stated, blocked_right = collections.Counter(), collections.Counter(), collections.Counter()
     for rows, output in turns_of(text):
         turns += 1
         player = [(i, j) for i, row in enumerate(rows) for j, cell in enumerate(row) if cell in ("P", "S")]
@@ -74,11 +76,13 @@ def reading_scores(text: str) -> dict[str, float]:
             cell = (int(said.group(1)), int(said.group(2)))
             named[cell] += 1
             coords_right += bool(player) and cell == player[0]
-        holes = HOLES.search(output)
-        if holes:
-            holes_stated += 1
-            named_holes = {h.strip() for h in holes.group(1).split(",")} - {"none"}
-            holes_right += bool(player) and named_holes == set(moves_into_holes(np.asarray(rows) == "O", player[0]))
+        blocked = BLOCKED.search(output)
+        if blocked:
+            kind = blocked.group(1)
+            blocked_stated[kind] += 1
+            said_moves = {m.strip() for m in blocked.group(2).split(",")} - {"none"}
+            board = np.asarray(rows) == BLOCKING_SYMBOL[kind]
+            blocked_right[kind] += bool(player) and said_moves == set(moves_into(board, player[0]))
         moves = named_and_answered(output)
         if moves:
             with_moves += 1
@@ -87,8 +91,8 @@ def reading_scores(text: str) -> dict[str, float]:
               "player_right": coords_right / max(stated, 1),
               "player_top_share": max(named.values(), default=0) / max(stated, 1),
               "answer_repeats_reasoning": consistent / max(with_moves, 1)}
-    if holes_stated:
-        scores.update(holes_stated=holes_stated / turns, holes_right=holes_right / holes_stated)
+    for kind, count in blocked_stated.items():
+        scores.update({f"{kind}_stated": count / turns, f"{kind}_right": blocked_right[kind] / count})
     return scores
 
 

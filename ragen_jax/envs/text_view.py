@@ -17,8 +17,8 @@ action. "text" (Countdown, QA, `TextAnswerView`): the game reads the answer itse
 with the bytes of the `<answer>` group.
 
 A demonstration's reasoning is the view's too: `demo_reasoning` says, from the state, what the
-supervised warm start's templated reasoning before a planned move says (`can_name_holes`: it
-can also name the moves that would step into a hole).
+supervised warm start's templated reasoning before a planned move says (`blocked_kind`: it
+can also name the moves the cells next to the player block, FrozenLake's holes or Sokoban's walls).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class TextView:
     render_formats: tuple[str, ...] = ("grid",)  # `render_text` formats this view offers
     answer_kind: str = "actions"  # "actions": named actions, parsed by the codec; "text": TextAnswerView
     max_answer_bytes: int = 0  # "text" views: the longest answer group `step_text` reads
-    can_name_holes: bool = False  # `demo_reasoning` can name the moves into a hole (FrozenLake)
+    # what `demo_reasoning` can name next to the player, the moves into it: "holes" (FrozenLake), "walls" (Sokoban)
+    blocked_kind: str | None = None
 
     def step_text(self, key: jax.Array, state: Any, answer: jax.Array, length: jax.Array, params: Any,
                   tables: dict):
@@ -127,10 +128,10 @@ class TextView:
         """The `grid_coord` header lines (views that offer that format define them)."""
         raise NotImplementedError
 
-    def demo_reasoning(self, state: Any, params: Any, moves: list[str], name_holes: bool = False) -> str:
+    def demo_reasoning(self, state: Any, params: Any, moves: list[str], name_blocked: bool = False) -> str:
         """The warm start's reasoning before `moves` (action names) from `state` (host arrays):
         templated but grounded in the state, so the fitted policy starts by reading the board.
-        `name_holes` (views with `can_name_holes`): also the moves that would step into a hole."""
+        `name_blocked` (views with a `blocked_kind`): also the moves into such cells."""
         return f"I move {' then '.join(moves)}."
 
 
@@ -161,3 +162,16 @@ class TextAnswerView(TextView):
 def format_cells(mask) -> str:
     """`(row, col)` of every true cell, 0-based, comma-separated (the `grid_coord` lists)."""
     return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(np.asarray(mask))))
+
+
+DIRECTIONS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}  # (row, col) steps
+
+
+def moves_into(blocked, cell, names=tuple(DIRECTIONS)) -> list[str]:
+    """Host-side: which of the moves `names` (in that order) go from `cell` straight into a true
+    cell of the bool grid `blocked`: what a reasoning naming the holes or walls names."""
+    blocked = np.asarray(blocked, bool)
+    r, c = (int(x) for x in cell)
+    steps = [(name, DIRECTIONS[name]) for name in names]
+    return [name for name, (dr, dc) in steps
+            if 0 <= r + dr < blocked.shape[0] and 0 <= c + dc < blocked.shape[1] and blocked[r + dr, c + dc]]

@@ -14,7 +14,7 @@ them:
    recovering from mistakes).
 2. The reasoning is the env's template (`env.demo_reasoning`), input-dependent (where the
    player, boxes, targets or goal are, and which way the plan goes; on FrozenLake with
-   `--name-holes` also which moves would step into a hole), so the warm-started policy starts
+   `--name-blocked` also which moves would step into a hole or a wall), so the warm-started policy starts
    with grounded reasoning — the state the MI diagnostics should see before any collapse.
 3. The texts are fed through the real `rollout` with a scripted policy, so the token buffer,
    hole layout and loss mask are exactly those of training. Episodes are generated on a
@@ -61,7 +61,7 @@ def plan(env, env_params, state) -> list[int]:
 
 
 def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.random.Generator,
-                        noise: float = NOISE, name_holes: bool = False) -> list[list[str]]:
+                        noise: float = NOISE, name_blocked: bool = False) -> list[list[str]]:
     """texts[b][t]: what the policy writes after `<think>` at turn t of episode b."""
     require_solver(env, "the supervised warm start")
     step = jax.jit(env.step, static_argnums=3)
@@ -78,7 +78,7 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
             if rng.random() < noise:
                 actions[0] = int(rng.integers(1, env.num_actions + 1))
             names = [env.action_names[a - 1] for a in actions]
-            thought = env.demo_reasoning(state, env_params, names, name_holes)
+            thought = env.demo_reasoning(state, env_params, names, name_blocked)
             row.append(f" {thought} </think> <answer> {' || '.join(names)} </answer>")
             for a in actions:
                 state, _, _, _ = step(jax.random.key(0), state, a, env_params)
@@ -88,11 +88,11 @@ def demonstration_texts(env, env_params, states, config: RolloutConfig, rng: np.
 
 
 def demonstrations(key, env, env_params, codec, prompt, tokenizer, config: RolloutConfig, noise: float = NOISE,
-                   rng: np.random.Generator | None = None, name_holes: bool = False) -> Trajectories:
+                   rng: np.random.Generator | None = None, name_blocked: bool = False) -> Trajectories:
     """One batch of demonstration trajectories (`config.batch` episodes, one per group)."""
     rng = rng or np.random.default_rng(0)
     states = initial_states(jax.random.split(key)[0], env, env_params, config)
-    texts = demonstration_texts(env, env_params, states, config, rng, noise, name_holes)
+    texts = demonstration_texts(env, env_params, states, config, rng, noise, name_blocked)
     tokens = np.zeros((config.batch, config.max_turns, config.max_new_tokens), np.int32)
     lengths = np.zeros((config.batch, config.max_turns), np.int32)
     for b, row in enumerate(texts):
@@ -130,7 +130,7 @@ class SFTConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.01
     noise: float = NOISE
-    name_holes: bool = False  # FrozenLake: the reasoning also names the moves into a hole
+    name_blocked: bool = False  # the reasoning also names the moves into a hole (FrozenLake) or wall (Sokoban)
     seed: int = 0
     compact: bool = True  # squeeze each minibatch's holes out (same loss, shorter rows)
 
@@ -223,10 +223,11 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
 
 def check_env(env, config: SFTConfig) -> None:
     """One clear line when `env` cannot give these demonstrations: it has no solver, or
-    `name_holes` is asked of an env whose reasoning has no holes to name."""
-    if config.name_holes and not env.can_name_holes:
-        holey = [name for name, found in registry.ENVS.items() if found.env is not None and found.env.can_name_holes]
-        raise ValueError(f"--name-holes: {', '.join(holey)} only, not env {env.name}")
+    `name_blocked` is asked of an env whose reasoning has no holes or walls to name."""
+    if config.name_blocked and env.blocked_kind is None:
+        games = [f"{name} ({found.env.blocked_kind})" for name, found in registry.ENVS.items()
+                 if found.env is not None and found.env.blocked_kind is not None]
+        raise ValueError(f"--name-blocked: {', '.join(games)} only, not env {env.name}")
     require_solver(env, "the supervised warm start")
 
 
@@ -244,7 +245,7 @@ def warm_start(exp, config: SFTConfig, log=print, progress: bool = False, after_
     while made < config.episodes:
         key, sub = jax.random.split(key)
         parts.append(demonstrations(sub, exp.env, params, exp.codec, exp.prompt, exp.tokenizer, rollout_config,
-                                    config.noise, rng, config.name_holes))
+                                    config.noise, rng, config.name_blocked))
         made += rollout_config.batch
     data = jax.tree.map(lambda *xs: jnp.concatenate(xs)[: config.episodes], *parts)
     success = float(np.mean(np.asarray(data.success)))

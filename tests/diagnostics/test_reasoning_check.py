@@ -79,3 +79,18 @@ def test_hole_names_are_checked_against_the_player_neighbours():
     assert scores["holes_right"] == 2 / 4
     sokoban = TURN.format(n=1, a="P", b="_", output="Player (1, 2), goal (2, 1). I move Up. </think> <answer> Up </answer>")
     assert "holes_right" not in reasoning_check.reading_scores(sokoban)
+
+
+def test_wall_names_are_checked_against_the_player_neighbours():
+    """Sokoban's template with walls names the moves into a wall (`#`) next to the player."""
+    def turn(n, output):
+        return TURN.format(n=n, a="P", b="_", output=f"Player (1, 2), {output}. I move Left. "
+                                                     "</think> <answer> Left </answer>")
+
+    text = "".join([turn(1, "walls: Up, Right"),      # (1, 2): # above and right, _ left and below -> right
+                    turn(2, "walls: Up"),             # misses Right -> wrong
+                    turn(3, "walls: Right, Up"),      # any order -> right
+                    turn(4, "box (2, 1)")])           # names none
+    scores = reasoning_check.reading_scores(text)
+    assert scores["walls_stated"] == 3 / 4 and scores["walls_right"] == 2 / 3
+    assert "holes_right" not in scores

@@ -26,7 +26,7 @@ BOARD_GAMES = {
     "sokoban": (SOKOBAN, SokobanGame, SokobanText, SIMPLE_SOKOBAN),
     "frozenlake": (FROZENLAKE, FrozenLakeGame, FrozenLakeText, FrozenLakeParams(size=4, max_steps=6)),
 }
-TEXT_MEMBERS = ("symbols", "render_formats", "answer_kind", "max_answer_bytes", "can_name_holes", "step_text",
+TEXT_MEMBERS = ("symbols", "render_formats", "answer_kind", "max_answer_bytes", "blocked_kind", "step_text",
                 "read_answer", "play_answers", "text_tables", "state_tokens", "boundary_samples", "instructions",
                 "render_grid", "render_text", "coordinate_lines", "demo_reasoning")
 GAME_MEMBERS = ("name", "action_names", "num_actions", "default_params", "reset", "reset_batch", "step",

@@ -75,7 +75,7 @@ class Corridor(Environment):
     def deterministic_params(self, params):
         return params.replace(success_rate=1.0)
 
-    def demo_reasoning(self, state, params, moves, name_holes=False) -> str:
+    def demo_reasoning(self, state, params, moves, name_blocked=False) -> str:
         return f"Player {int(state.player)}, goal {int(state.goal)}. I move {' then '.join(moves)}."
 
 
@@ -166,8 +166,8 @@ def test_the_warm_start_and_the_ceilings_ask_the_game(corridor):
 
     assert CORRIDOR.has_solver and not COUNTDOWN.has_solver
     sft.check_env(CORRIDOR, sft.SFTConfig())
-    with pytest.raises(ValueError, match=r"^--name-holes: FrozenLake only, not env corridor$"):
-        sft.check_env(CORRIDOR, sft.SFTConfig(name_holes=True))
+    with pytest.raises(ValueError, match=r"^--name-blocked: .*FrozenLake \(holes\).* only, not env corridor$"):
+        sft.check_env(CORRIDOR, sft.SFTConfig(name_blocked=True))
     with pytest.raises(ValueError, match=r"^env Countdown has no solver: the supervised warm start needs one$"):
         sft.check_env(COUNTDOWN, sft.SFTConfig())
     state = CorridorState(np.int32(0), np.int32(3), np.int32(0), np.bool_(False), np.bool_(False))

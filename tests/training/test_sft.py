@@ -62,30 +62,34 @@ def test_reasoning_names_the_current_state(demos):
     assert checked >= CONFIG.batch
 
 
-def test_frozenlake_reasoning_can_name_the_moves_into_holes():
-    """With `name_holes` the first turn's reasoning also lists, in action order, the moves from
-    the start that land in a hole (a plain loop over the lake's hole grid); without, it does not."""
+@pytest.mark.parametrize("game, kind, steps", [
+    ("FrozenLake", "holes", {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}),
+    ("SimpleSokoban", "walls", {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)})])
+def test_the_reasoning_can_name_the_moves_into_holes_or_walls(game, kind, steps):
+    """With `name_blocked` the first turn's reasoning also lists, in the game's action order, the
+    moves from the start into a hole (FrozenLake) or a wall (Sokoban), a plain loop over the
+    board's grid; without, it does not."""
     import dataclasses
 
     from ragen_jax.rollout.play import initial_states
 
-    env, params, *_ = text_parts("FrozenLake", CONFIG.max_actions_per_turn)
+    env, params, *_ = text_parts(game, CONFIG.max_actions_per_turn)
     params = sft.deterministic(env, params)
     config = dataclasses.replace(CONFIG, num_groups=48)
     states = initial_states(jax.random.key(1), env, params, config)
-    named = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), 0.0, name_holes=True)
+    named = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), 0.0, name_blocked=True)
     plain = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), 0.0)
-    steps = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-    with_holes = 0
+    counts = set()
     for b in range(config.batch):
-        holes, (r, c) = np.asarray(states.holes[b]), np.asarray(states.player[b])
+        blocked = np.asarray(states.holes[b]) if kind == "holes" else np.asarray(states.room_fixed[b]) == 0  # wall
+        r, c = np.asarray(states.player[b])
         near = [name for name, (dr, dc) in steps.items()
-                if 0 <= r + dr < holes.shape[0] and 0 <= c + dc < holes.shape[1] and holes[r + dr, c + dc]]
-        clause = f", holes: {', '.join(near) or 'none'}."
+                if 0 <= r + dr < blocked.shape[0] and 0 <= c + dc < blocked.shape[1] and blocked[r + dr, c + dc]]
+        clause = f", {kind}: {', '.join(near) or 'none'}."
         assert clause in named[b][0], (near, named[b][0])
         assert plain[b][0] == named[b][0].replace(clause, "."), (plain[b][0], named[b][0])
-        with_holes += bool(near)
-    assert with_holes > 0
+        counts.add(len(near))
+    assert len(counts) > 1  # the clause changes with the board
 
 
 def test_compacting_the_holes_away_changes_no_log_prob(demos):

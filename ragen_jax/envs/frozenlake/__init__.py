@@ -12,7 +12,6 @@ from ragen_jax.envs.frozenlake.game import (
     PLAYER_ON_GOAL,
     FROZEN,
     FrozenLakeGame,
-    moves_into_holes,
 )
 from ragen_jax.envs.frozenlake.maps import (
     DESC_LETTERS,
@@ -33,4 +32,4 @@ FROZENLAKE = FrozenLake()
 
 __all__ = ["DESC_LETTERS", "FROZEN", "FROZENLAKE", "GOAL", "HOLE", "MOVES", "PLAYER", "PLAYER_IN_HOLE", "PLAYER_ON_GOAL",
            "FrozenLake", "FrozenLakeGame", "FrozenLakeParams", "FrozenLakeState", "FrozenLakeText", "generate_map",
-           "moves_into_holes", "reachable", "sample_map"]
+           "reachable", "sample_map"]

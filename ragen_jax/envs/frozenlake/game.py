@@ -111,14 +111,3 @@ class FrozenLakeGame(Game):
     def deterministic_params(self, params: FrozenLakeParams) -> FrozenLakeParams:
         """No slip: every move goes where it was meant to."""
         return params.replace(success_rate=1.0)
-
-
-def moves_into_holes(holes, cell) -> list[str]:
-    """Host-side: names of the moves (in action order) that step from `cell` straight into a hole
-    of the bool grid `holes` — what the warm start's reasoning names (ragen_jax.sft) and
-    ragen_jax.diagnostics.reasoning_check checks against the board."""
-    holes = np.asarray(holes, bool)
-    rows, cols = holes.shape
-    r, c = (int(x) for x in cell)
-    return [name for name, (dr, dc) in zip(FrozenLakeGame.action_names, MOVES)
-            if 0 <= r + dr < rows and 0 <= c + dc < cols and holes[r + dr, c + dc]]

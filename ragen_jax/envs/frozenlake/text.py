@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ragen_jax.envs.frozenlake.game import moves_into_holes
 from ragen_jax.envs.frozenlake.maps import FrozenLakeParams, FrozenLakeState
-from ragen_jax.envs.text_view import TextView, format_cells
+from ragen_jax.envs.text_view import TextView, format_cells, moves_into
 
 
 class FrozenLakeText(TextView):
@@ -14,7 +13,7 @@ class FrozenLakeText(TextView):
 
     symbols = ("_", "O", "G", "P", "X", "√")
     render_formats = ("grid", "grid_coord")
-    can_name_holes = True
+    blocked_kind = "holes"
 
     def coordinate_lines(self, state: FrozenLakeState, params: FrozenLakeParams) -> list[str]:
         goal, player = np.asarray(state.goal), np.asarray(state.player)
@@ -26,16 +25,16 @@ class FrozenLakeText(TextView):
         ]
 
     def demo_reasoning(self, state: FrozenLakeState, params: FrozenLakeParams, moves: list[str],
-                       name_holes: bool = False) -> str:
-        """Where the player and the goal are (and with `name_holes` the moves that would step into
+                       name_blocked: bool = False) -> str:
+        """Where the player and the goal are (and with `name_blocked` the moves that would step into
         a hole: "…, holes: Left, Down. I move …"), and the moves."""
         player = tuple(int(x) for x in np.asarray(state.player))
         goal = tuple(int(x) for x in np.asarray(state.goal))
-        if not name_holes:
+        if not name_blocked:
             return f"Player {player}, goal {goal}. I move {' then '.join(moves)}."
         # without them the fitted policy walks into a hole in 30% of slip-free episodes, with them
         # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/tuning.md, naming the holes)
-        holes = ", ".join(moves_into_holes(state.holes, player)) or "none"
+        holes = ", ".join(moves_into(state.holes, player, self.action_names)) or "none"
         return f"Player {player}, goal {goal}, holes: {holes}. I move {' then '.join(moves)}."
 
     def instructions(self) -> str:

@@ -9,10 +9,11 @@ from ragen_jax.envs.sokoban.board import (
     BOX_ON_TARGET,
     PLAYER,
     TARGET,
+    WALL,
     SokobanParams,
     SokobanState,
 )
-from ragen_jax.envs.text_view import TextView, format_cells
+from ragen_jax.envs.text_view import TextView, format_cells, moves_into
 
 
 class SokobanText(TextView):
@@ -21,6 +22,7 @@ class SokobanText(TextView):
 
     symbols = ("#", "_", "O", "√", "X", "P", "S")
     render_formats = ("grid", "grid_coord")
+    blocked_kind = "walls"
 
     def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
         fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
@@ -33,12 +35,16 @@ class SokobanText(TextView):
         ]
 
     def demo_reasoning(self, state: SokobanState, params: SokobanParams, moves: list[str],
-                       name_holes: bool = False) -> str:
-        """Where the player, the boxes and the targets are, and the moves."""
+                       name_blocked: bool = False) -> str:
+        """Where the player, the boxes and the targets are (and with `name_blocked` the moves
+        into a wall: "…, walls: Up, Right. I move …"), and the moves."""
         fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
         player = tuple(int(x) for x in np.asarray(state.player))
         boxes = format_cells((room == BOX) | (room == BOX_ON_TARGET))
-        return f"Player {player}, box {boxes}, target {format_cells(fixed == TARGET)}. I move {' then '.join(moves)}."
+        seen = f"Player {player}, box {boxes}, target {format_cells(fixed == TARGET)}"
+        if name_blocked:
+            seen += f", walls: {', '.join(moves_into(fixed == WALL, player, self.action_names)) or 'none'}"
+        return f"{seen}. I move {' then '.join(moves)}."
 
     def instructions(self) -> str:
         return (

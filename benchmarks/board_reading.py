@@ -31,10 +31,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ragen_jax.diagnostics.reasoning_check import cells, named_and_answered, reading_scores, turns_of  # noqa: E402
+from ragen_jax.analysis import run_configs
+from ragen_jax.diagnostics.reasoning_check import cells, named_and_answered, reading_scores, turns_of
 
 TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
 
@@ -143,9 +141,7 @@ def main(argv=None) -> int:
             exp, step = restore_run(args.workdir, args.step)
             what = f"{args.workdir} step {step}"
         else:
-            import reproduce
-
-            exp = make_experiment(reproduce.run_config(args.env, 0, {}))
+            exp = make_experiment(run_configs.run_config(args.env, 0, {}))
             what = f"builtin:{args.env}-tiny"
     except (ConfigError, CheckpointError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

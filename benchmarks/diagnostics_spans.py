@@ -15,21 +15,17 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from ragen_jax.analysis import run_configs
 
 
 def main(argv=None) -> int:
-    import reproduce
-
-    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=5)
+    parser = run_configs.config_command(__doc__.split("\n\n")[0], steps=5)
     parser.add_argument("--buckets", type=int, default=4, help="diagnostics.span_buckets to compare (default 4)")
     args = parser.parse_args(argv)
     if args.buckets < 2:
         parser.error(f"--buckets={args.buckets} must be >= 2 (1 is the full width it is compared with)")
-    config = reproduce.command_config(parser, args)
+    config = run_configs.command_config(parser, args)
 
     import jax
     import numpy as np

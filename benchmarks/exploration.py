@@ -22,13 +22,12 @@ import sys
 import jax
 import numpy as np
 
+from ragen_jax.analysis import run_configs
 from ragen_jax.rollout.play import rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.run.checkpoint import CheckpointError
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.run.experiment import load_initial_weights, make_experiment
-
-import reproduce  # the tiny configs and their overrides, as every benchmark run loads them
 
 
 def group_spread(success: np.ndarray, first_turn: np.ndarray, group_size: int) -> dict[str, float]:
@@ -45,7 +44,7 @@ def group_spread(success: np.ndarray, first_turn: np.ndarray, group_size: int) -
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", choices=sorted(reproduce.CONFIGS), required=True)
+    p.add_argument("--env", choices=sorted(run_configs.CONFIGS), required=True)
     p.add_argument("--workdir", default="", help="a training run: its latest checkpoint's policy")
     p.add_argument("--groups", type=int, default=64)
     p.add_argument("--keys", type=int, default=4, help="rollouts (keys 100, 101, ...) averaged over")
@@ -55,10 +54,10 @@ def main(argv=None) -> None:
     for flag in ("groups", "keys"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag}={getattr(args, flag)} must be >= 1")
-    overrides = reproduce.set_overrides(args.set, p.error)
+    overrides = run_configs.set_overrides(args.set, p.error)
 
     try:
-        exp = make_experiment(reproduce.run_config(args.env, 0, {"rollout.num_groups": str(args.groups),
+        exp = make_experiment(run_configs.run_config(args.env, 0, {"rollout.num_groups": str(args.groups),
                                                                  "mesh.data": "1",
                                                                  **overrides}))
         if args.workdir:

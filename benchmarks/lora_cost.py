@@ -19,10 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from ragen_jax.analysis import run_configs
+
 GIB = 1024 ** 3
 
 
@@ -70,9 +69,7 @@ def row(name: str, m: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import reproduce
-
-    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=3)
+    parser = run_configs.config_command(__doc__.split("\n\n")[0], steps=3)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha stays the config's)")
     parser.add_argument("--one", choices=("full", "lora"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -80,9 +77,9 @@ def main(argv=None) -> int:
         parser.error(f"--rank={args.rank} must be >= 1")
     if args.one:  # a child: one setting, its figures as JSON on the last line
         extra = {"model.lora.rank": str(args.rank)} if args.one == "lora" else {}
-        print(json.dumps(measure(reproduce.command_config(parser, args, extra), args.steps)))
+        print(json.dumps(measure(run_configs.command_config(parser, args, extra), args.steps)))
         return 0
-    reproduce.command_config(parser, args)  # a bad --config or --set ends here, before any child
+    run_configs.command_config(parser, args)  # a bad --config or --set ends here, before any child
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     results = {}
     for name in ("full", "lora"):

@@ -14,10 +14,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from ragen_jax.analysis import run_configs
 
 
 def measure(config, steps: int) -> dict:
@@ -44,13 +42,11 @@ def measure(config, steps: int) -> dict:
 
 
 def main(argv=None) -> int:
-    import reproduce
-
-    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=4)
+    parser = run_configs.config_command(__doc__.split("\n\n")[0], steps=4)
     args = parser.parse_args(argv)
     results = {}
     for layout, scan in (("unrolled", "false"), ("scanned", "true")):
-        config = reproduce.command_config(parser, args, {"model.scan_layers": scan})
+        config = run_configs.command_config(parser, args, {"model.scan_layers": scan})
         try:
             results[layout] = measure(config, args.steps)
         except ValueError as err:

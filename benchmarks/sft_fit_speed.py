@@ -14,10 +14,8 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from ragen_jax.analysis import run_configs
 
 
 def main(argv=None) -> int:
@@ -27,9 +25,7 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    import reproduce
-
-    overrides = reproduce.set_overrides(args.set, parser.error)
+    overrides = run_configs.set_overrides(args.set, parser.error)
 
     import jax
     import numpy as np
@@ -40,7 +36,7 @@ def main(argv=None) -> int:
     from ragen_jax.run.experiment import make_experiment
     from ragen_jax.training import sft
 
-    config = reproduce.run_config(args.env, 0, {"model.init": "None", **overrides})
+    config = run_configs.run_config(args.env, 0, {"model.init": "None", **overrides})
     exp = make_experiment(config)
     rollout_config = dataclasses.replace(exp.run.step.rollout, num_groups=args.episodes, group_size=1)
     data = sft.demonstrations(jax.random.key(0), exp.env, sft.deterministic(exp.env, exp.env_params), exp.codec,

@@ -15,18 +15,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from ragen_jax.analysis import run_configs
 
 
 def main(argv=None) -> int:
-    import reproduce
-
-    parser = reproduce.config_command(__doc__.split("\n\n")[0], steps=8)
+    parser = run_configs.config_command(__doc__.split("\n\n")[0], steps=8)
     args = parser.parse_args(argv)
-    config = reproduce.command_config(parser, args)
+    config = run_configs.command_config(parser, args)
     from ragen_jax.core import host_devices
 
     if count := host_devices.split_host(config):  # before jax starts, as `train` does

@@ -1,4 +1,4 @@
-"""benchmarks/job_pool.py: jobs start in order, never more than the workers at once, after the
+"""The job pool: jobs start in order, never more than the workers at once, after the
 jobs they wait for; a failed job's dependants are skipped and the rest go on; a stopped pool
 stops its jobs gently."""
 
@@ -6,13 +6,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from job_pool import Job, run_jobs  # noqa: E402
+from ragen_jax.analysis.job_pool import Job, run_jobs
 
 
 def job(tmp_path, name, code="", after=(), **kw):
@@ -85,10 +82,10 @@ def test_a_stopped_pool_passes_sigterm_to_its_jobs_and_waits_for_them(tmp_path, 
                 "time.sleep(60)\n")
     # the pool takes Ctrl-C as in a terminal even where the suite itself was started with SIGINT
     # ignored (a background job of a non-interactive shell), whose children would inherit that
-    pool_code = (f"import signal, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+    pool_code = ("import signal, sys\n"
                  "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                  "from pathlib import Path\n"
-                 "from job_pool import Job, Stopped, run_jobs\n"
+                 "from ragen_jax.analysis.job_pool import Job, Stopped, run_jobs\n"
                  f"jobs = [Job(n, [sys.executable, '-c', {job_code!r}, n], Path({str(tmp_path)!r}, n + '.log')) "
                  "for n in ('a', 'b', 'c')]\n"
                  "try:\n"

@@ -14,11 +14,12 @@ from hypothesis import example, given
 from hypothesis import strategies as hs
 from scipy import stats
 
-from ragen_jax.analysis import study
+from ragen_jax.analysis import study, study_arms, study_jobs, study_report
+from ragen_jax.analysis.run_configs import run_config
+from ragen_jax.analysis.run_records import last_step, load_runs
+from ragen_jax.analysis.study_figures import figure_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reproduce  # noqa: E402
 
 values = hs.lists(hs.integers(-5, 5).map(float), min_size=3, max_size=30)
 
@@ -114,17 +115,17 @@ def test_figure_lines_average_seeds_and_start_validation_at_the_initial_policy()
                 for s, t in zip(range(1, len(train) + 1), train)]
 
     arms = {"top_p-grpo": [run({3: 0.4, 6: 0.6}, [0, 0, 0, 0, 1, 1]), run({3: 0.2, 6: 0.4}, [1, 1, 1, 1, 1, 1])]}
-    lines = reproduce.figure_lines(arms, start=0.25)
+    lines = figure_lines(arms, start=0.25)
     steps, values = lines[study.VAL_SUCCESS]["top_p-grpo"]
     assert steps == [0, 3, 6] and np.allclose(values, [0.25, 0.3, 0.5])
     steps, values = lines[study.SUCCESS]["top_p-grpo"]  # per-step means 0.5 0.5 0.5 0.5 1 1
     assert steps == [5, 6] and np.allclose(values, [0.6, 0.7])
     assert lines[study.MI_ZSCORE]["top_p-grpo"] == ([], [])
-    steps, _ = reproduce.figure_lines(arms)[study.VAL_SUCCESS]["top_p-grpo"]
+    steps, _ = figure_lines(arms)[study.VAL_SUCCESS]["top_p-grpo"]
     assert steps == [3, 6]  # no start point when the initial policy's validation is unknown
     # runs that logged their initial policy's validation (step 0) draw it once, as `start`
     logged = {arm: [[{"step": 0, study.VAL_SUCCESS: 0.25}, *records] for records in runs] for arm, runs in arms.items()}
-    assert reproduce.figure_lines(logged, start=0.25) == lines
+    assert figure_lines(logged, start=0.25) == lines
 
 
 # ----------------------------------------------------------------------------- the claims' statistics
@@ -359,42 +360,42 @@ def test_reg_share_by_hand():
 # ----------------------------------------------------------------------------- the study's runs
 
 
-def study_args(*argv):
-    return reproduce.parse_args(["study", "--out", "unused", *argv])
+def study_args(out=Path("unused"), **fields):
+    return study_arms.Study(out=out, **fields)
 
 
 def built(env, overrides):
     from ragen_jax.run import config as config_lib
 
-    return config_lib.build(reproduce.run_config(env, 0, overrides), 1).step
+    return config_lib.build(run_config(env, 0, overrides), 1).step
 
 
 def test_every_main_and_noise_run_takes_the_papers_filter_and_meets_mi_at_validation():
     args = study_args()
     for env, steps in (("sokoban", 400), ("frozenlake", 140)):
-        config = reproduce.run_config(env, 0, reproduce.study_overrides(env, args))
-        step = built(env, reproduce.study_overrides(env, args))
+        config = run_config(env, 0, study_arms.study_overrides(env, args))
+        step = built(env, study_arms.study_overrides(env, args))
         assert (step.filter.metric, step.filter.update, step.total_steps) == ("reward_var", "paper", steps)
         assert step.diagnostics.num_samples == 64 and config.train.val_every % step.diagnostics.compute_freq == 0
         assert (config.early_stop.val_patience, config.early_stop.empty_batches) == (0, 0)
-    arms = reproduce.noise_arms(args)
+    arms = study_arms.noise_arms(args)
     assert [arm for arm, _ in arms] == [f"{f}-grpo{s}" for s in ("-success1", "-success0.9", "", "-success0.6",
                                                                  "-success0.333") for f in ("top_p", "none")]
     for (arm, overrides), rate in zip(arms, [1.0, 1.0, 0.9, 0.9, 0.8, 0.8, 0.6, 0.6, 1 / 3, 1 / 3]):
-        config = reproduce.run_config("frozenlake", 0, overrides)
+        config = run_config("frozenlake", 0, overrides)
         assert config.env.success_rate == rate and config.filter.strategy == arm.split("-")[0]
-    main_top_p = reproduce.run_config("frozenlake", 0, {**reproduce.study_overrides("frozenlake", args),
-                                                        "algo.name": "grpo", **reproduce.FILTERS["top_p"]})
-    assert reproduce.run_config("frozenlake", 0, dict(arms[4][1])).to_dict() == main_top_p.to_dict()  # rate 0.8: main's
+    main_top_p = run_config("frozenlake", 0, {**study_arms.study_overrides("frozenlake", args),
+                                              "algo.name": "grpo", **study_arms.FILTERS["top_p"]})
+    assert run_config("frozenlake", 0, dict(arms[4][1])).to_dict() == main_top_p.to_dict()  # rate 0.8: main's
 
 
 def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs_them():
-    args = study_args("--part", "reward_noise")
-    arms = reproduce.reward_noise_arms(args)
+    args = study_args(part="reward_noise")
+    arms = study_arms.reward_noise_arms(args)
     assert [arm for arm, _ in arms] == [f"{f}-grpo-rnoise{q}" for q in ("0", "0.2", "0.5", "0.9")
                                         for f in ("top_p", "none")]
     for (arm, overrides), q in zip(arms, [0, 0, 0.2, 0.2, 0.5, 0.5, 0.9, 0.9]):
-        config = reproduce.run_config("frozenlake_paper", 0, overrides)
+        config = run_config("frozenlake_paper", 0, overrides)
         step = built("frozenlake_paper", overrides)
         assert (config.env.success_rate, step.reward_noise, step.filter.update) == (0.98, q, "paper")
         assert config.filter.strategy == arm.split("-")[0] and step.algo.name == "grpo"
@@ -405,7 +406,7 @@ def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs
     runs = {("frozenlake_paper", f"{f}-grpo-rnoise{q}"): {seed: record(v + 0.01 * seed * (f == "top_p"))
                                                           for seed in range(3)}
             for q, top_p in (("0", 0.6), ("0.5", 0.4)) for f, v in (("top_p", top_p), ("none", 0.5))}
-    text = reproduce.reward_noise_trend(runs)
+    text = study_report.reward_noise_trend(runs)
     assert ("q = 0: +0.110 (3 seeds), t 95% [+0.085, +0.135], p 0.0027; "
             "q = 0.5: -0.090 (3 seeds), t 95% [-0.115, -0.065], p 0.0041") in text
     assert "6 seed pairs: -0.400 per unit" in text and "falls with the noise" in text
@@ -415,15 +416,15 @@ def test_reward_noise_arms_run_the_papers_lake_at_each_noise_and_the_trend_pairs
     runs[("frozenlake_paper", "top_p-grpo-rnoise0.5")][2] = record(0.45)  # seed 2: −0.05 − 0.12 = −0.17
     # −0.2, −0.2, −0.17: sd 0.0173, t 95% ± 4.303 · 0.0173 / √3 = ±0.043 around −0.19; t −19, p 0.0028
     assert ("per seed at every rate: -0.190 (3 seeds), t 95% [-0.233, -0.147], p 0.0028: the gain is lower mid-range"
-            in reproduce.reward_noise_trend(runs))
+            in study_report.reward_noise_trend(runs))
     one_seed = {key: {0: seeds[0]} for key, seeds in runs.items()}
-    assert "q = 0: +0.100 (1 seeds); q = 0.5: -0.100 (1 seeds)." in reproduce.reward_noise_trend(one_seed)
-    with pytest.raises(SystemExit):
-        study_args("--part", "reward_noise", "--reward-noise", "1.5")
+    assert "q = 0: +0.100 (1 seeds); q = 0.5: -0.100 (1 seeds)." in study_report.reward_noise_trend(one_seed)
+    assert study_args(part="reward_noise", reward_noise=["1.5"]).error() == (
+        "--reward-noise '1.5': expected a chance in [0, 1], e.g. 0.2")
 
 
 def test_gradient_arms_set_the_regularisers_and_measure_every_five_steps():
-    arms = reproduce.gradient_arms(study_args("--envs", "sokoban"))
+    arms = study_arms.gradient_arms(study_args(envs=["sokoban"]))
     assert [arm for _, arm, _ in arms] == ["none-ppo-ent0.001-kl0.01", "none-ppo-ent0.01-kl0.1",
                                            "none-grpo-ent0.001-kl0.01", "none-grpo-ent0.01-kl0.1"]
     for env, _, overrides in arms:
@@ -441,26 +442,26 @@ def fake_run(workdir, steps, records):
 
 
 def test_top_k_is_matched_to_the_finished_top_p_runs_and_then_fixed(tmp_path):
-    args = study_args("--out", str(tmp_path))
     with pytest.raises(SystemExit, match="run --filters top_p first"):
-        reproduce.matched_k(args, "sokoban", "grpo", 32)
+        study_arms.matched_k(tmp_path, "sokoban", "grpo", 32)
     arm = tmp_path / "sokoban" / "top_p-grpo"
     fake_run(arm / "seed0", 2, [{"step": 1, "filter/kept_ratio": 0.5}, {"step": 2, "filter/kept_ratio": 0.25}])
     fake_run(arm / "seed1", 2, [{"step": 1, "filter/kept_ratio": 0.5}, {"step": 2, "filter/kept_ratio": 0.5}])
     fake_run(arm / "seed2", 3, [{"step": 1, "filter/kept_ratio": 1.0}])  # unfinished: left out
-    assert reproduce.matched_k(args, "sokoban", "grpo", 32) == 14  # (0.375 + 0.5) / 2 × 32 = 14
+    assert study_arms.matched_k(tmp_path, "sokoban", "grpo", 32) == 14  # (0.375 + 0.5) / 2 × 32 = 14
     fake_run(arm / "seed3", 1, [{"step": 1, "filter/kept_ratio": 1.0}])
-    assert reproduce.matched_k(args, "sokoban", "grpo", 32) == 14  # fixed once the first Top-k run asked
+    assert study_arms.matched_k(tmp_path, "sokoban", "grpo", 32) == 14  # fixed once the first Top-k run asked
     saved = json.loads((tmp_path / "sokoban" / "top_k-grpo" / "matched.json").read_text())
     assert saved["top_p_runs"] == 2 and saved["top_p_mean_kept_fraction"] == pytest.approx(0.4375)
 
 
 def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 8)  # 4 jobs: 2 cores, so 2 jax CPU devices, each
+    monkeypatch.setattr(study_jobs.os, "cpu_count", lambda: 8)  # 4 jobs: 2 cores, so 2 jax CPU devices, each
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
-    args = study_args("--out", str(tmp_path), "--jobs", "4", "--envs", "frozenlake", "--set", "mesh.data=-1")
+    args = study_args(tmp_path, jobs=4, envs=["frozenlake"], overrides={"mesh.data": "-1"})
     fake_run(tmp_path / "frozenlake" / "none-grpo" / "seed1", 2, [{"step": 2}])  # finished: not planned again
-    jobs = {job.name: job for job in reproduce.study_jobs(args, ("main", "noise", "gradients"))}
+    planned = study_jobs.study_jobs(args, ("main", "noise", "gradients"), Path("reproduce.py"))
+    jobs = {job.name: job for job in planned}
     main = [f"frozenlake/{f}-grpo/seed{s}" for f in ("top_p", "none", "top_k") for s in range(5)]
     main.remove("frozenlake/none-grpo/seed1")
     noise = [f"frozenlake/{f}-grpo-success{r}/seed{s}" for r in ("1", "0.9", "0.6", "0.333")
@@ -475,7 +476,7 @@ def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkey
     fake_run(tmp_path / "frozenlake" / "top_p-grpo" / "seed0", 140, [{"step": 0}, {"step": 1}])
     assert second.ready({})
     (tmp_path / "frozenlake" / "top_p-grpo" / "seed0" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"st')
-    assert reproduce.last_step(tmp_path / "frozenlake" / "top_p-grpo" / "seed0") == 1  # a line being written
+    assert last_step(tmp_path / "frozenlake" / "top_p-grpo" / "seed0") == 1  # a line being written
     assert jobs[noise[1]].ready({first.name: 0}) is False and jobs[noise[1]].ready({noise[0]: 1})  # ended: go on
     assert jobs["frozenlake/top_k-grpo/seed3"].after == tuple(f"frozenlake/top_p-grpo/seed{s}" for s in range(5))
     assert jobs["frozenlake/none-grpo/seed0"].after == () and noise[0] in jobs and not jobs[noise[0]].after
@@ -483,7 +484,7 @@ def test_parallel_study_plans_each_unfinished_run_once_in_order(tmp_path, monkey
     assert argv[2:12] == ["study", "--part", "main", "--envs", "frozenlake", "--algos", "grpo", "--filters", "top_k",
                           "--seeds"] and argv[12] == "3" and argv[-2:] == ["--set", "mesh.data=-1"]
     assert jobs[noise[-1]].argv[5:9] == ["--rates", "1/3", "--filters", "none"]
-    assert reproduce.parse_args(argv[2:]).seeds == [3]  # each job is this script for its run alone
+    assert argv[1] == "reproduce.py"  # each job is the study's script for its run alone
     environ = jobs[main[0]].env
     assert environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=2"
@@ -497,7 +498,7 @@ def test_report_pairs_the_seeds_of_arms_that_differ_only_in_the_filter(tmp_path)
                        {"step": 2, study.MI_ZSCORE: 2.0 * value, study.VAL_SUCCESS: value}]
             fake_run(tmp_path / "sokoban" / f"{name}-grpo" / f"seed{seed}", 2, records)
     fake_run(tmp_path / "sokoban" / "none-grpo-success0.6" / "seed0", 2, [{"step": 2, study.VAL_SUCCESS: 0.1}])
-    text = reproduce.report_text(reproduce.load_runs(tmp_path), tmp_path)
+    text = study_report.report_text(load_runs(tmp_path), tmp_path)
     diffs = np.array(finals["top_p"]) - np.array(finals["none"])  # one validation at the end: the run's final
     finals_mean = [np.mean([v - 0.1, v]) for v in finals["top_p"]]  # the mean of its last 3 (two here)
     assert f"| {np.mean(finals_mean):.3f} (" in text  # the top_p row's final validation
@@ -532,7 +533,7 @@ def test_report_fits_the_filters_difference_against_the_slip_over_the_noise_rate
     diffs = [0.01, 0.02, 0.02, 0.01, 0.0, -0.02, -0.01]
     fit = stats.linregress(slips, diffs)
     half = stats.t.ppf(0.975, len(slips) - 2) * fit.stderr
-    line = next(line for line in reproduce.report_text(reproduce.load_runs(tmp_path), tmp_path).splitlines()
+    line = next(line for line in study_report.report_text(load_runs(tmp_path), tmp_path).splitlines()
                 if line.startswith("Stochasticity"))
     assert "over 7 seed pairs at 3 rates" in line
     assert f"slope {fit.slope:+.3f} per unit of slip, t 95% [{fit.slope - half:+.3f}, {fit.slope + half:+.3f}]" in line
@@ -562,7 +563,7 @@ def test_reproduce_study_smoke(tmp_path, capsys):
     assert "| sokoban | top_p-grpo | 1 |" in (tmp_path / "report.md").read_text()
     assert "done sokoban/top_p-grpo/seed0" in run.stdout
     assert (tmp_path / "logs" / "sokoban-top_p-grpo-seed0.log").stat().st_size > 0
-    assert reproduce.main(["report", "--out", str(tmp_path), "--figures", str(tmp_path / "fig")]) == 0
+    study_report.report(tmp_path, tmp_path / "fig")
     out = capsys.readouterr().out
     assert "| sokoban | top_p-grpo | 1 |" in out
     assert "| sokoban (initial policy of every arm) |" in out

@@ -12,16 +12,13 @@ import time
 import numpy as np
 import pytest
 
+from ragen_jax.analysis.study_arms import study_base
 from ragen_jax.cli import evaluate, export, train
 from ragen_jax.diagnostics.collapse import collapse_warning
 from ragen_jax.run import loop
 
 from commands import CONFIG, ROOT, SMALL, command, command_without_torch, one_error_line, records, same_records
 from xla_flags import flags_for
-
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's settings live in reproduce.py (as in tests/study)
-
-import reproduce  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -400,7 +397,7 @@ def test_frozenlake_default_damps_adam_and_the_study_keeps_its_setting():
 
     config = config_lib.load_config_file(str(ROOT / "configs" / "frozenlake_tiny.py"))
     assert config_lib.build(config, 1).step.algo.adam_eps == pytest.approx(1e-3)
-    study = config_lib.apply_overrides(config, reproduce.study_base("frozenlake"))
+    study = config_lib.apply_overrides(config, study_base("frozenlake"))
     assert config_lib.build(study, 1).step.algo.adam_eps == pytest.approx(1e-8)
     assert (config.model.init, study.model.init) == ("builtin:frozenlake-tiny-noisy", "builtin:frozenlake-tiny")
     assert config.algo.adam_eps == pytest.approx(1e-3)  # overrides apply to a copy
@@ -417,7 +414,7 @@ def test_sokoban_default_decays_its_rate_and_the_study_does_not():
     assert (step.total_steps, step.algo.lr_decay_fraction * step.total_steps) == (400, 150)
     short = config_lib.build(config_lib.apply_overrides(config, {"train.steps": "6"}), 1).step
     assert short.total_steps == 6 and short.algo.lr_decay_fraction == pytest.approx(0.375)
-    study = config_lib.apply_overrides(config, reproduce.study_base("sokoban"))
+    study = config_lib.apply_overrides(config, study_base("sokoban"))
     assert config_lib.build(study, 1).step.algo.lr_decay_fraction == 0.0
 
 

@@ -3,8 +3,9 @@
 The study's runs are independent programs but for a few orderings (Top-k is matched to the
 finished Top-p runs; an env's runs read the initial policy's validation its first run writes; a
 run starts without compiling once the first run of its arm has filled the compilation cache),
-so `reproduce.py study --jobs N` hands them to this pool: N processes share the host's cores or
-one accelerator. A job whose prerequisite failed is not started; the others go on.
+so `benchmarks/reproduce.py study --jobs N` hands them to this pool (`study_jobs.py` plans them):
+N processes share the host's cores or one accelerator. A job whose prerequisite failed is not
+started; the others go on.
 """
 
 from __future__ import annotations

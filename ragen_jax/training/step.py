@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from ragen_jax.envs.base import Environment
+from ragen_jax.diagnostics import grad_analysis
+from ragen_jax.diagnostics.diagnose import DiagnosticsConfig, DiagnosticsState, diagnose
 from ragen_jax.models.decoder import Decoder
 from ragen_jax.models.stacking import for_inference
 from ragen_jax.models.value import ValueModel, critic_from_policy
@@ -54,7 +56,7 @@ class StepConfig:
     rollout: RolloutConfig = RolloutConfig()
     filter: filtering.FilterConfig = filtering.FilterConfig()
     algo: AlgoConfig = AlgoConfig.preset("ppo")
-    diagnostics: Any = None  # a diagnostics.diagnose.DiagnosticsConfig, or None for no MI metrics
+    diagnostics: DiagnosticsConfig | None = None  # None: no MI metrics
     # Gradient analysis (docs/method.md#the-gradient-analysis, off by default): task vs
     # regularisation gradient norms in this many reward-std quantile buckets (the paper uses 6),
     # on the diagnostics' schedule (step 1 and every `compute_freq` steps).
@@ -81,8 +83,6 @@ class StepConfig:
     def compute_freq(self) -> int:
         """Steps between diagnostics (and gradient analyses): the diagnostics config's
         `compute_freq`, or `DiagnosticsConfig`'s default without one."""
-        from ragen_jax.diagnostics.diagnose import DiagnosticsConfig
-
         return (self.diagnostics or DiagnosticsConfig()).compute_freq
 
 
@@ -203,8 +203,6 @@ def on_schedule(config: StepConfig, state: TrainState, compute, carried=None):
 
 def mi_diagnostics(setup: StepSetup, state: TrainState, policy, traj: Trajectories, key):
     """The MI diagnostics of the rollout (on schedule): metrics and the carried diagnostics state."""
-    from ragen_jax.diagnostics.diagnose import diagnose
-
     cfg = setup.config
     compute = lambda: diagnose(policy, traj, key, cfg.diagnostics, state.diagnostics,
                                group_size=cfg.rollout.group_size, mesh=setup.mesh)
@@ -214,8 +212,6 @@ def mi_diagnostics(setup: StepSetup, state: TrainState, policy, traj: Trajectori
 def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):
     """Task vs regularisation gradient norms per reward-std bucket, on the whole rollout
     (before filtering), with this algorithm's advantages and loss settings."""
-    from ragen_jax.diagnostics import grad_analysis
-
     cfg, rcfg = setup.config, setup.config.rollout
     batch = batch_from_trajectories(traj)
     batch = update.advantages(setup.learner, state.critic, batch, traj.episode_reward, jnp.int32(rcfg.batch),
@@ -390,8 +386,6 @@ def fresh_state(config: StepConfig, learner: update.Learner, key: jax.Array, pol
     opt = lambda tx, params: None if params is None else tx.init(learner.opt_params(params))  # LoRA: adapters
     diagnostics = None
     if config.diagnostics is not None:
-        from ragen_jax.diagnostics.diagnose import DiagnosticsState
-
         diagnostics = DiagnosticsState.create()
     reference = copy(policy_state) if config.algo.uses_reference and not learner.lora else None
     return TrainState(step=jnp.int32(0), key=key, policy=copy(policy_state),

@@ -5,8 +5,10 @@ its GGUF file (both dequantize it to float32) and sampling from it.
     python benchmarks/real_model.py [--batch 16] [--prompt 128] [--new 64] [--repeats 3]
 
 Prints one line per comparison with the ratio. The sampler runs on one jax device with the
-layers scanned (as configs/sokoban_smollm2.py runs it); transformers' `generate` on 2 threads.
-Its first call (compilation) is timed apart from the repeats.
+layers scanned (as configs/sokoban_smollm2.py runs it) and, with `--unrolled`, also with the
+layers unrolled (`scan_layers=False`: each layer's KV cache its own loop buffer); transformers'
+`generate` on 2 threads. The first call (compilation) is timed apart from the repeats, and the
+greedy tokens of every sampler are compared with transformers'.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main():
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--unrolled", action="store_true", help="also time the sampler with the layers unrolled")
     args = parser.parse_args()
 
     import torch
@@ -59,23 +62,33 @@ def main():
     mask = jnp.ones(ids.shape, bool)
     greedy = dict(max_new_tokens=args.new, params=sampling.GREEDY)
 
-    def ours():
-        jax.block_until_ready(sampling.generate(model, jnp.asarray(ids), mask, jax.random.key(0), **greedy).tokens)
-
     def theirs():
         with torch.no_grad():
-            torch_model.generate(input_ids=torch.as_tensor(ids, dtype=torch.long),
-                                 attention_mask=torch.ones(ids.shape, dtype=torch.long), max_new_tokens=args.new,
-                                 min_new_tokens=args.new, do_sample=False, pad_token_id=2)
+            return torch_model.generate(input_ids=torch.as_tensor(ids, dtype=torch.long),
+                                        attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                                        max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
+                                        pad_token_id=2)[:, args.prompt:].numpy()
 
-    start = time.perf_counter()
-    ours()
-    compile_s = time.perf_counter() - start
+    want = theirs()
     tokens = args.batch * args.new
-    ours_s, theirs_s = timed(ours, args.repeats), timed(theirs, args.repeats)
-    print(f"greedy sampling, batch {args.batch}, {args.prompt}-token prompt, {args.new} new tokens: ours "
-          f"{tokens / ours_s[1]:.0f}-{tokens / ours_s[0]:.0f} tok/s (first call {compile_s:.0f} s), transformers "
-          f"{tokens / theirs_s[1]:.0f}-{tokens / theirs_s[0]:.0f} tok/s, ratio {theirs_s[0] / ours_s[0]:.2f}x")
+    theirs_s = timed(theirs, args.repeats)
+    samplers = [("scanned layers", model)]
+    if args.unrolled:
+        samplers.append(("unrolled layers", hf.load_pretrained(path, scan_layers=False)))
+    for name, sampler_model in samplers:
+        def ours():
+            out = sampling.generate(sampler_model, jnp.asarray(ids), mask, jax.random.key(0), **greedy)
+            return np.asarray(jax.block_until_ready(out.tokens))
+
+        start = time.perf_counter()
+        got = ours()
+        compile_s = time.perf_counter() - start
+        ours_s = timed(ours, args.repeats)
+        same = float(np.mean(np.all(got == want, axis=1)))
+        print(f"greedy sampling, batch {args.batch}, {args.prompt}-token prompt, {args.new} new tokens, {name}: "
+              f"ours {tokens / ours_s[1]:.0f}-{tokens / ours_s[0]:.0f} tok/s (first call {compile_s:.0f} s), "
+              f"transformers {tokens / theirs_s[1]:.0f}-{tokens / theirs_s[0]:.0f} tok/s, ratio "
+              f"{theirs_s[0] / ours_s[0]:.2f}x; rows with transformers' tokens {same:.2f}", flush=True)
 
 
 if __name__ == "__main__":

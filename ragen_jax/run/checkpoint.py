@@ -20,8 +20,8 @@ checkpoints; `set_aside` moves a damaged one out of orbax's directory. A save fi
 that the disk has room for the state; a write that fails anyway, in orbax's background
 thread, is raised as `CheckpointWriteError` at the next `poll`, `save` or `close`, and its
 partial files are removed. A failed read or write leaves orbax's other transfers of it to finish
-later and report to an event loop already closed: those reports ("Event loop is closed", as
-unraisable exceptions) are not printed; the failure itself is, once, by us.
+later, raising into closed coroutines or reporting to an event loop already closed: those
+unraisable exceptions are not printed; the failure itself is, once, by us.
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ _ORBAX = str(Path(ocp.__file__).parent)
 logging.getLogger("absl").addFilter(_ReportedByUs())  # orbax logs through absl's logger
 
 
-def _closed_loop_report(unraisable) -> bool:
-    """An asyncio callback scheduled from another thread after its loop closed (see the module's
-    docstring): `call_soon_threadsafe` on a closed loop, raised where no one can catch it."""
+def _orbax_leftover(unraisable) -> bool:
+    """What a failed orbax read or write leaves behind (see the module's docstring): one of its
+    coroutines closed after it failed, or a callback reporting to a loop already closed
+    (`call_soon_threadsafe` on a closed loop), raised where no one can catch it."""
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and code.co_filename.startswith(_ORBAX):
+        return True
     frame = unraisable.exc_traceback
     while frame is not None and frame.tb_next is not None:
         frame = frame.tb_next
@@ -76,17 +80,17 @@ def _closed_loop_report(unraisable) -> bool:
             and frame is not None and frame.tb_frame.f_code.co_filename == asyncio.base_events.__file__)
 
 
-def _quiet_closed_loop_reports() -> None:
-    """Drop `_closed_loop_report`s, pass every other unraisable exception on (installed once)."""
+def _quiet_orbax_leftovers() -> None:
+    """Drop `_orbax_leftover`s, pass every other unraisable exception on (installed once)."""
     previous = sys.unraisablehook
-    if getattr(previous, "drops_closed_loop_reports", False):
+    if getattr(previous, "drops_orbax_leftovers", False):
         return
 
     def hook(unraisable):
-        if not _closed_loop_report(unraisable):
+        if not _orbax_leftover(unraisable):
             previous(unraisable)
 
-    hook.drops_closed_loop_reports = True
+    hook.drops_orbax_leftovers = True
     sys.unraisablehook = hook
 
 
@@ -448,7 +452,7 @@ class Checkpoints(_Saving, _Restoring):
         """`base`: what names a LoRA run's base (the config's model keys), written to `base.json`."""
         self.directory = Path(workdir).absolute() / "checkpoints"
         self.base = base
-        _quiet_closed_loop_reports()
+        _quiet_orbax_leftovers()
         self._fingerprint: list[float] | None = None  # of the base the run loaded (computed once)
         if read_only:  # create=False and no save ever: orbax's read_only option only adds warnings
             options = ocp.CheckpointManagerOptions(create=False)

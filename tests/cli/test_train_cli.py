@@ -274,8 +274,7 @@ def test_sft_shows_the_fits_progress_under_trains_switch(flag, shown, monkeypatc
     assert asked == [shown]
 
 
-def test_a_stopped_sft_continues_from_its_checkpoint_and_refuses_other_settings(full_run, monkeypatch,
-                                                                               tmp_path, capsys):
+def test_a_stopped_sft_continues_from_its_checkpoint_and_refuses_other_settings(monkeypatch, tmp_path, capsys):
     """`--eval-every` validates, records and checkpoints; the same command again continues a
     stopped fit from its checkpoint (the metrics after it dropped), other settings or a train
     run's workdir are refused in one line. Bit-equal continuation: tests/training/test_sft.py."""
@@ -283,7 +282,8 @@ def test_a_stopped_sft_continues_from_its_checkpoint_and_refuses_other_settings(
 
     work = tmp_path / "fit"
     args = ["--config", CONFIG, "--workdir", str(work), "--episodes", "8", "--epochs", "2", "--batch-size", "4",
-            "--eval-every", "2", "--config.eval.num_envs=4", "--config.logging.progress=false"]
+            "--eval-every", "2", "--config.eval.num_envs=2", "--config.rollout.max_turns=1",
+            "--config.logging.progress=false"]
 
     class Stop(Exception):
         pass
@@ -309,7 +309,9 @@ def test_a_stopped_sft_continues_from_its_checkpoint_and_refuses_other_settings(
     assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
     line = one_error_line(capsys, sft.main([*args, "--lr", "0.5"]))
     assert "holds a fit with other settings" in line and "sft.lr: 0.001 -> 0.5" in line, line
-    line = one_error_line(capsys, sft.main(["--config", CONFIG, "--workdir", str(full_run)]))
+    trained = tmp_path / "train_run"
+    (trained / "checkpoints" / "3").mkdir(parents=True)  # a train run's: no sft.json beside it
+    line = one_error_line(capsys, sft.main(["--config", CONFIG, "--workdir", str(trained)]))
     assert "not a supervised fit's" in line, line
 
 

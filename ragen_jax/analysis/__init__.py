@@ -1,1 +1,1 @@
-"""Reading runs and sizes: the study's statistics, task ceilings, reasoning checks, the planner, curves."""
+"""Reading runs and sizes: the reproduction study (its runs, report and statistics), task ceilings, the planner, curves."""

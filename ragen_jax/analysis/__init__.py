@@ -1,1 +1,2 @@
-"""Reading runs and sizes: the reproduction study (its runs, report and statistics), task ceilings, the planner, curves."""
+"""Reading runs and sizes: the reproduction study (its runs, report and statistics), task
+ceilings, the planner, training curves."""

@@ -20,31 +20,10 @@ import json
 import sys
 from pathlib import Path
 
-import jax
 from flax import nnx
 
 KEYS = ("success", "mi/first_turn/mi_zscore", "mi/first_turn/mi_estimate", "mi/first_turn/retrieval_acc",
         "reasoning/player_right", "reasoning/walls_right", "reasoning/holes_right")
-
-
-def batch_metrics(exp, eval_config) -> dict[str, float]:
-    """One validation batch of the experiment's current policy, with the first turn's MI."""
-    from ragen_jax.core import distributed
-    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
-    from ragen_jax.diagnostics.reasoning_check import validation_metrics
-    from ragen_jax.models.stacking import for_inference
-    from ragen_jax.training.validation import Validator
-
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config, exp.run.step.rollout)
-    metrics, traj = validator(nnx.state(exp.model))
-    d = exp.run.settings.diagnostics
-    config = evaluation_config(eval_config.num_envs * eval_config.samples_per_env, d.score_rows, d.span_buckets)
-    mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
-        for_inference(exp.model), traj, jax.random.key(eval_config.seed), config, DiagnosticsState.create(),
-        group_size=eval_config.samples_per_env, mesh=None)
-    metrics.update({name: float(value) for name, value in mi.items() if name.startswith("mi/first_turn/")})
-    metrics.update(validation_metrics(distributed.to_host(traj), exp.tokenizer))
-    return metrics
 
 
 def main(argv=None) -> int:
@@ -62,6 +41,7 @@ def main(argv=None) -> int:
         parser.error("give one name per workdir, --batches >= 2 and --episodes >= 2")
 
     from ragen_jax.analysis.study import mean_t_interval
+    from ragen_jax.cli.evaluate import validate_with_diagnostics
     from ragen_jax.cli.args import load_config
     from ragen_jax.run.experiment import make_experiment, restore_policy
 
@@ -77,7 +57,7 @@ def main(argv=None) -> int:
         for b in range(args.batches):
             eval_config = dataclasses.replace(exp.run.settings.eval, num_envs=args.episodes, samples_per_env=1,
                                               seed=args.seed + b)
-            runs[name].append(batch_metrics(exp, eval_config))
+            runs[name].append(validate_with_diagnostics(exp, eval_config)[0])
             shown = ", ".join(f"{k.rsplit('/', 1)[-1]} {runs[name][-1][k]:+.3f}" for k in KEYS if k in runs[name][-1])
             print(f"{name} (step {step}) batch {b}: {shown}", flush=True)
     print(f"\n{args.batches} batches × {args.episodes} levels; mean [95% t interval]")

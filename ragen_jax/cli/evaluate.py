@@ -46,36 +46,45 @@ def play(workdir: Path, step: int | None, episodes: int | None, samples: int | N
          show: int = 4) -> tuple[dict, str]:
     """The evaluation's result and a few trajectories as text (on process 0; "" elsewhere).
     Refuses a workdir it could not write its results to before playing anything."""
-    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
-    from ragen_jax.models.stacking import for_inference
     from ragen_jax.run.experiment import restore_run
     from ragen_jax.rollout.render import render_trajectories
-    from ragen_jax.training.validation import Validator
 
     if workdir.is_dir() and distributed.is_lead():
         check_writable_dir(workdir, "--workdir")
     exp, step = restore_run(workdir, step)
     e = exp.run.settings.eval
     eval_config = dataclasses.replace(e, num_envs=episodes or e.num_envs, samples_per_env=samples or e.samples_per_env)
-    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
-                          exp.run.step.rollout, exp.mesh)
-    metrics, traj = validator(nnx.state(exp.model))
+    metrics, traj = validate_with_diagnostics(exp, eval_config)
     k = eval_config.samples_per_env
-    d = exp.run.settings.diagnostics
-    mi_config = evaluation_config(eval_config.num_envs * k, d.score_rows, d.span_buckets)
-    with sharding.tracing_on(exp.mesh):
-        mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
-            for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
-            group_size=k, mesh=exp.mesh)
-    metrics.update({k_: float(v) for k_, v in mi.items() if k_.startswith("mi/first_turn/")
-                    or k_ == "mi/reasoning_length_mean"})
-    traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
-    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer))  # templated reasoning only
     result = {"step": step, "episodes": eval_config.num_envs, "samples_per_env": k,
               "temperature": eval_config.temperature, "seed": eval_config.seed, "metrics": metrics}
     if not distributed.is_lead():
         return result, ""
     return result, render_trajectories(traj, exp.tokenizer, count=show, group_size=k)
+
+
+def validate_with_diagnostics(exp, eval_config) -> tuple[dict, object]:
+    """Validation of the experiment's current policy on `eval_config`'s levels, with the first
+    turn's MI diagnostics (scored as the run scores them) and, for templated reasoning, the
+    board-reading shares; returns the metrics (python floats) and the trajectories on the host."""
+    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
+    from ragen_jax.models.stacking import for_inference
+    from ragen_jax.training.validation import Validator
+
+    validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
+                          exp.run.step.rollout, exp.mesh)
+    metrics, traj = validator(nnx.state(exp.model))
+    d = exp.run.settings.diagnostics
+    mi_config = evaluation_config(eval_config.num_envs * eval_config.samples_per_env, d.score_rows, d.span_buckets)
+    with sharding.tracing_on(exp.mesh):
+        mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
+            for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
+            group_size=eval_config.samples_per_env, mesh=exp.mesh)
+    metrics.update({k: float(v) for k, v in mi.items() if k.startswith("mi/first_turn/")
+                    or k == "mi/reasoning_length_mean"})
+    traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
+    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer))  # templated reasoning only
+    return metrics, traj
 
 
 def write_results(workdir: Path, result: dict, trajectories: str) -> None:

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.core import compile_cache, quiet
+from ragen_jax.core import compile_cache, quiet, sharding
 from ragen_jax.core.distributed import to_host
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import check_writable_dir, describe, write_atomically
@@ -157,7 +157,11 @@ class FitRecorder:
             return None
         self.seconds = rows[-1]["fit_minutes"] * 60 if rows else 0.0
         params = nnx.state(self.exp.model)
-        like = _fit_state(done, params, _on_devices_of(params, optimizer(self.sft, self.total).init(params)))
+        tx = optimizer(self.sft, self.total)
+        opt = tx.init(params)
+        if self.exp.mesh is not None:  # moments with their weights, step counts replicated: as a restore needs
+            opt = jax.device_put(opt, sharding.optimizer_shardings(tx, params, self.exp.mesh))
+        like = _fit_state(done, params, opt)
         state = self.checkpoints.restore(done, like)
         self.log(f"continuing the fit from step {done} of {self.total}")
         self.mark = time.perf_counter()
@@ -183,16 +187,6 @@ class FitRecorder:
 
     def close(self) -> None:
         self.checkpoints.close()
-
-
-def _on_devices_of(params, opt):
-    """`opt` with its scalars (Adam's step count) replicated over the devices of `params` (a
-    checkpoint restores each leaf where its template lies; the moments already lie with the weights)."""
-    sharding = jax.tree.leaves(params)[0].sharding
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return opt
-    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    return jax.tree.map(lambda x: jax.device_put(x, replicated) if x.ndim == 0 else x, opt)
 
 
 def _fit_state(step: int, params, opt):

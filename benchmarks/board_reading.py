@@ -6,7 +6,7 @@
 
 Plays the validation levels (config `eval.*`, `--episodes` of them) and, for every turn the
 warm-start reasoning template was followed ("Player (r, c), ... I move A then B."), checks
-(1) the stated player coordinates against the `P`/`S` cell of the board shown that turn, and
+(1) the stated player coordinates against the state shown that turn (the game's grader), and
 (2) that the answer repeats the moves the reasoning names (`ragen_jax.diagnostics.reasoning_check`; training
 logs the same shares at every validation as `val/reasoning/*`). Success is bounded by both: a
 policy that cannot locate itself cannot plan, whatever RL does with its rewards.
@@ -27,25 +27,19 @@ it fails").
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from ragen_jax.analysis import run_configs
-from ragen_jax.diagnostics.reasoning_check import cells, named_and_answered, reading_scores, turns_of
+from ragen_jax.diagnostics.reasoning_check import graded_turns, named_and_answered, reading_scores
 
-TRAJECTORY = re.compile(r"^Trajectory \d+/\d+ \(row (\d+)", re.M)
-
-
-def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int, per_turn: int) -> dict[str, float]:
+def first_turn_plans(firsts, env, env_params, budget: int, turns: int, per_turn: int) -> dict[str, float]:
     """Grade each trajectory's first-turn moves against the BFS solver from its start state.
 
-    `states[row]` is trajectory `row`'s start state (a host pytree indexed by row); a row whose
-    rendered first board differs from `env.render_text(states[row])` is counted in
-    `board_mismatches` and skipped. Levels the solver cannot finish within `budget` moves are
-    skipped too. "keeps" = after the moves, the level is solved or the solver finishes it in
-    the moves left: the budget's rest, and at most `per_turn` in each of the `turns - 1` turns
-    left."""
+    `firsts`: (the state the first turn was shown, host arrays; the model's output) per
+    trajectory. Levels the solver cannot finish within `budget` moves are skipped. "keeps" =
+    after the moves, the level is solved or the solver finishes it in the moves left: the
+    budget's rest, and at most `per_turn` in each of the `turns - 1` turns left."""
     import jax
 
     step = jax.jit(env.step, static_argnums=3)
@@ -59,18 +53,10 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
         plan = env.solve(state, env_params)
         return plan is not None and len(plan) <= min(budget - len(moves), (turns - 1) * per_turn)
 
-    counts = dict(levels=0, board_mismatches=0, reasoning_keeps=0, answer_keeps=0,
-                  reasoning_first_optimal=0, answer_first_optimal=0)
-    matches = list(TRAJECTORY.finditer(text))
-    for i, match in enumerate(matches):
-        block = text[match.start(): matches[i + 1].start() if i + 1 < len(matches) else len(text)]
-        first = next(turns_of(block), None)
-        moves = first and named_and_answered(first[1])
+    counts = dict(levels=0, reasoning_keeps=0, answer_keeps=0, reasoning_first_optimal=0, answer_first_optimal=0)
+    for start, output in firsts:
+        moves = named_and_answered(output)
         if not moves or not all(m in names for m in moves[0] + moves[1]):
-            continue
-        start = jax.tree.map(lambda a: a[int(match.group(1))], states)
-        if cells(env.render_text(start, env_params)) != first[0]:
-            counts["board_mismatches"] += 1
             continue
         plan = env.solve(start, env_params)
         if plan is None or not plan or len(plan) > min(budget, turns * per_turn):
@@ -83,7 +69,7 @@ def first_turn_plans(text: str, states, env, env_params, budget: int, turns: int
         counts["reasoning_first_optimal"] += named[0] == best
         counts["answer_first_optimal"] += answered[0] == best
     levels = max(counts["levels"], 1)
-    return {k: (v / levels if k not in ("levels", "board_mismatches") else v) for k, v in counts.items()}
+    return {k: (v / levels if k != "levels" else v) for k, v in counts.items()}
 
 
 def lake_outcomes(success, turn_active, samples: int) -> dict[str, float]:
@@ -133,7 +119,7 @@ def main(argv=None) -> int:
     from ragen_jax.run.checkpoint import CheckpointError
     from ragen_jax.core.errors import ConfigError
     from ragen_jax.run.experiment import make_experiment, restore_run
-    from ragen_jax.rollout.render import render_trajectories
+    from ragen_jax.core import distributed
     from ragen_jax.training.validation import EvalConfig, validate
 
     try:
@@ -150,24 +136,24 @@ def main(argv=None) -> int:
     eval_config = EvalConfig(num_envs=args.episodes, samples_per_env=1, temperature=e.temperature, seed=e.seed)
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, eval_config,
                              exp.run.step.rollout, exp.mesh)
-    text = render_trajectories(traj, exp.tokenizer, rows=list(range(args.episodes)))
-    scores = reading_scores(text)
+    turns = list(graded_turns(distributed.to_host(traj), exp.tokenizer, exp.env, exp.env_params))
+    scores = reading_scores((grades, output) for *_, grades, output in turns)
     print(f"{what}: {args.episodes} validation levels at temperature {e.temperature}, {scores['turns']} turns")
     print(f"  success                               {metrics['success']:.3f}")
-    print(f"  turns stating the player's cell       {scores['player_stated']:.3f}")
-    print(f"  ... with the right cell               {scores['player_right']:.3f}")
-    print(f"  ... naming the most named cell        {scores['player_top_share']:.3f}")
+    print(f"  turns stating the player's cell       {scores.get('player_stated', 0.0):.3f}")
+    print(f"  ... with the right cell               {scores.get('player_right', 0.0):.3f}")
+    print(f"  ... naming the most named cell        {scores.get('player_top_share', 0.0):.3f}")
     print(f"  answers repeating the reasoning's moves {scores['answer_repeats_reasoning']:.3f}")
-    if "holes_right" in scores:  # FrozenLake's template names the moves that step into a hole
-        print(f"  turns naming the holes next to the player {scores['holes_stated']:.3f}")
-        print(f"  ... naming exactly the board's        {scores['holes_right']:.3f}")
+    kind = exp.env.blocked_kind  # the template may name the moves into holes (FrozenLake) or walls (Sokoban)
+    if f"{kind}_right" in scores:
+        print(f"  turns naming the {kind} next to the player {scores[f'{kind}_stated']:.3f}")
+        print(f"  ... naming exactly the board's        {scores[f'{kind}_right']:.3f}")
     if hasattr(exp.env, "state_from_rooms"):  # Sokoban: moves are deterministic, plans can be graded
         rollout_config = eval_config.rollout_config(exp.run.step.rollout)
-        starts = eval_config.start_states(exp.env, exp.env_params, exp.run.step.rollout)
-        plans = first_turn_plans(text, starts, exp.env, exp.env_params, rollout_config.max_actions_per_traj,
+        firsts = [(state, output) for _, turn, state, _, output in turns if turn == 0]
+        plans = first_turn_plans(firsts, exp.env, exp.env_params, rollout_config.max_actions_per_traj,
                                  rollout_config.max_turns, rollout_config.max_actions_per_turn)
-        print(f"  first turns on the {plans['levels']} levels solvable in {rollout_config.max_actions_per_traj} moves "
-              f"(board mismatches: {plans['board_mismatches']}):")
+        print(f"  first turns on the {plans['levels']} levels solvable in {rollout_config.max_actions_per_traj} moves:")
         print(f"    level still solvable after the reasoning's moves {plans['reasoning_keeps']:.3f}, "
               f"after the answer's {plans['answer_keeps']:.3f}")
         print(f"    first move = the solver's: reasoning {plans['reasoning_first_optimal']:.3f}, "

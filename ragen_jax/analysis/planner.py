@@ -316,7 +316,7 @@ def _text_setup(run, cfg):
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.path={path!r}: {str(err).splitlines()[0]}") from None
     per_turn = run.step.rollout.max_actions_per_turn
-    codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=cfg.vocab_size)
+    codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=cfg.vocab_size, env_params=env_params)
     prompt = PromptTemplate.build(tokenizer, env, per_turn)
     return env, env_params, codec, prompt
 

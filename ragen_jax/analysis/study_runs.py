@@ -46,7 +46,8 @@ def initial_validation(config) -> dict[str, float]:
     validator = Validator(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.settings.eval,
                           exp.run.step.rollout, exp.mesh)
     metrics, traj = validator(nnx.state(exp.model))
-    metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer))
+    metrics.update(reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.env,
+                                                      exp.env_params))
     return metrics
 
 

@@ -83,7 +83,7 @@ def validate_with_diagnostics(exp, eval_config) -> tuple[dict, object]:
     metrics.update({k: float(v) for k, v in mi.items() if k.startswith("mi/first_turn/")
                     or k == "mi/reasoning_length_mean"})
     traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
-    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer))  # templated reasoning only
+    metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer, exp.env, exp.env_params))  # templates only
     return metrics, traj
 
 

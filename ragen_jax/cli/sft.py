@@ -173,7 +173,7 @@ class FitRecorder:
         jax.block_until_ready(params)
         self.seconds += time.perf_counter() - self.mark
         metrics, traj = self.validator(params)
-        metrics.update(validation_metrics(to_host(traj), self.exp.tokenizer))
+        metrics.update(validation_metrics(to_host(traj), self.exp.tokenizer, self.exp.env, self.exp.env_params))
         row = {"step": step, "fit_minutes": round(self.seconds / 60, 2), "loss": round(loss, 4),
                **{name: round(value, 4) for name, value in metrics.items()}}
         with open(self.workdir / METRICS, "a") as out:

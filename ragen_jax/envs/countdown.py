@@ -286,7 +286,7 @@ class Countdown(TextAnswerEnvironment):
     def boundary_samples(self) -> list[str]:
         return [f"{NUMBERS_OPEN}1{NUMBER_SEP}23{NUMBER_SEP}100{TARGET_OPEN}4567", f"{NUMBERS_OPEN}9{TARGET_OPEN}0"]
 
-    def text_tables(self, tokenizer) -> dict:
+    def text_tables(self, tokenizer, params=None) -> dict:
         def encode(text):
             return list(tokenizer.encode(text, add_special_tokens=False))
 

@@ -181,7 +181,7 @@ class QA(TextAnswerEnvironment):
     def boundary_samples(self) -> list[str]:
         return [q for q, _ in self.records[:8]]
 
-    def text_tables(self, tokenizer) -> dict:
+    def text_tables(self, tokenizer, params=None) -> dict:
         return _tables(self, tokenizer)
 
     def state_tokens(self, state: QAState, params: QAParams, codec):

@@ -18,6 +18,7 @@ from ragen_jax.envs.countdown import COUNTDOWN, CountdownParams
 from ragen_jax.envs.frozenlake import FROZENLAKE, FrozenLakeParams
 from ragen_jax.envs.qa import make_qa
 from ragen_jax.envs.sokoban import LARGER_SOKOBAN, SIMPLE_SOKOBAN, SOKOBAN
+from ragen_jax.envs.text_view import RENDER_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +32,14 @@ class Option:
     kind: Callable[[Any], Any] | None = None
     bounds: tuple[float, float] | None = None
     unset: str = "the preset's"
+    choices: tuple[str, ...] | None = None  # the allowed values (None: any)
 
     def check(self, key: str, value: Any) -> None:
         if value is not None and self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
             low, high = self.bounds
             raise ValueError(f"env.{key}={value} must be in [{low:g}, {high:g}] (or None for {self.unset})")
+        if value is not None and self.choices is not None and value not in self.choices:
+            raise ValueError(f"env.{key}={value!r} is not one of {', '.join(self.choices)} (or None for {self.unset})")
 
     def keyword(self, key: str, value: Any) -> dict:
         """`make`'s keyword argument for the key's value: none when it is unset (None)."""
@@ -60,11 +64,12 @@ class Entry:
 
 
 MAX_STEPS = {"max_steps": Option()}
+BOARD = {**MAX_STEPS, "render_format": Option(choices=RENDER_FORMATS, unset="the preset's grid")}
 ENVS: dict[str, Entry] = {
-    "SimpleSokoban": Entry(SOKOBAN, SIMPLE_SOKOBAN, options=MAX_STEPS),
-    "LargerSokoban": Entry(SOKOBAN, LARGER_SOKOBAN, options=MAX_STEPS),
+    "SimpleSokoban": Entry(SOKOBAN, SIMPLE_SOKOBAN, options=BOARD),
+    "LargerSokoban": Entry(SOKOBAN, LARGER_SOKOBAN, options=BOARD),
     "FrozenLake": Entry(FROZENLAKE, FrozenLakeParams(), options={
-        **MAX_STEPS, "success_rate": Option(kind=float, bounds=(0.0, 1.0), unset="the preset's 1/3")}),
+        **BOARD, "success_rate": Option(kind=float, bounds=(0.0, 1.0), unset="the preset's 1/3")}),
     "Countdown": Entry(COUNTDOWN, CountdownParams(), options=MAX_STEPS),
     "MathQA": Entry(factory=make_qa, options={"data_path": Option(), "data_dir": Option(), "num_records": Option(),
                                               "data_seed": Option(argument="seed"), "max_attempts": Option()}),

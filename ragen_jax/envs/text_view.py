@@ -18,12 +18,15 @@ with the bytes of the `<answer>` group.
 
 A demonstration's reasoning is the view's too: `demo_reasoning` says, from the state, what the
 supervised warm start's templated reasoning before a planned move says (`blocked_kind`: it
-can also name the moves the cells next to the player block, FrozenLake's holes or Sokoban's walls).
+can also name the moves the cells next to the player block, FrozenLake's holes or Sokoban's walls),
+and `grade_reasoning` checks what a generated reasoning states against the state it was shown
+(the arrays, not the rendered text): the board-reading metrics of validation and evaluation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import jax
@@ -84,22 +87,57 @@ class TextView:
             taken = taken + go
         return AnswerSteps(states, reward, taken, format_ok, actions)
 
-    def text_tables(self, tokenizer) -> dict:
+    def text_tables(self, tokenizer, params: Any = None) -> dict:
         """Host-built arrays (token ids of text pieces, datasets) `state_tokens` and `step_text`
-        read in the graph; they travel in `TextCodec.env_tables`. None for the board games."""
-        return {}
+        read in the graph; they travel in `TextCodec.env_tables`. For the board games, the
+        coordinate lines' pieces when `params` ask for "grid_coord"; none for the plain grid."""
+        if params is None or render_format(params) == "grid":
+            return {}
+        return coordinate_tables(tokenizer, self.board_shape(params), self.coordinate_labels, self.symbols)
 
     def state_tokens(self, state: Any, params: Any, codec) -> tuple[jax.Array, jax.Array]:
         """The state's text followed by a newline, as token ids: (ids int32[n], mask), valid
-        first, n static. Equals `tokenizer.encode(render_text(state, params) + "\n")`."""
-        from ragen_jax.text.codec import render_observation
+        first, n static. Equals `tokenizer.encode(render_text(state, params) + "\n")`: the
+        grid, after the coordinate lines when the params' `render_format` is "grid_coord"."""
+        from ragen_jax.text.codec import pack, render_observation
 
-        return render_observation(codec, self.symbol_grid(state, params), final_newline=True)
+        grid = render_observation(codec, self.symbol_grid(state, params), final_newline=True)
+        if render_format(params) == "grid":
+            return grid
+        lines = self.coordinate_tokens(state, params, codec.env_tables)
+        return pack(*(jnp.concatenate(parts) for parts in zip(lines, grid)))
+
+    def coordinate_tokens(self, state: Any, params: Any, tables: dict) -> tuple[jax.Array, jax.Array]:
+        """The `grid_coord` lines' token ids in the graph: (ids, valid), holes anywhere, built
+        from `coordinate_tables`' pieces: each listed cell is one piece with its delimiter (","
+        or the line's newline), so no token crosses two pieces under the byte-level BPEs."""
+        if "coord_items" not in tables:
+            raise ValueError(f"render_format='grid_coord' needs the codec built with these env params "
+                             f"(TextCodec.build(..., env_params=params)) for {self.name}")
+        items, item_lens = tables["coord_items"], tables["coord_item_lens"]
+        width = items.shape[-1]
+        _, cols = self.board_shape(params)
+        ids, valid = [tables["coord_size"]], [jnp.ones(tables["coord_size"].shape, bool)]
+        for k, (mask, most) in enumerate(self.coordinate_cells(state, params)):
+            flat = jnp.asarray(mask).reshape(-1)
+            count = flat.sum()
+            (where,) = jnp.nonzero(flat, size=most, fill_value=0)
+            order = jnp.arange(most)
+            last = (order == count - 1).astype(jnp.int32)
+            row, col = where // cols, where % cols
+            ids += [tables["coord_labels"][k], items[row, col, last].reshape(-1), tables["coord_none"]]
+            valid += [jnp.arange(tables["coord_labels"].shape[1]) < tables["coord_label_lens"][k],
+                      ((order < count)[:, None] & (jnp.arange(width) < item_lens[row, col, last][:, None])).reshape(-1),
+                      jnp.broadcast_to(count == 0, tables["coord_none"].shape)]
+        return jnp.concatenate(ids).astype(jnp.int32), jnp.concatenate(valid)
 
     def boundary_samples(self) -> list[str]:
         """State texts the prompt builder tokenizes in context to check that the state's tokens
         start and end at pre-token boundaries (every symbol at the board's start and end)."""
-        return [f"{s} {s}" for s in self.symbols]
+        samples = [f"{s} {s}" for s in self.symbols]
+        if "grid_coord" in self.render_formats:  # the coordinate lines come first, after "State:\n"
+            samples += [f"Board size: 2 rows x 2 cols\n{self.coordinate_labels[0]}: none\n{samples[0]}"]
+        return samples
 
     def instructions(self) -> str:
         """The rules and symbol legend for the system prompt (the prompt lists the actions itself)."""
@@ -115,8 +153,10 @@ class TextView:
         grid = np.asarray(jax.device_get(self.symbol_grid(state, params)))
         return "\n".join(" ".join(self.symbols[int(s)] for s in row) for row in grid)
 
-    def render_text(self, state: Any, params: Any, fmt: str = "grid") -> str:
-        """The board as the agent reads it: `grid`, or `grid_coord` (coordinate lines, then grid)."""
+    def render_text(self, state: Any, params: Any, fmt: str | None = None) -> str:
+        """The board as the agent reads it: `grid`, or `grid_coord` (coordinate lines, then grid);
+        by default the params' `render_format`."""
+        fmt = render_format(params) if fmt is None else fmt
         if fmt not in self.render_formats:
             raise ValueError(f"render format {fmt!r} is not supported by {self.name}; allowed: {self.render_formats}")
         grid = self.render_grid(state, params)
@@ -124,15 +164,58 @@ class TextView:
             return grid
         return "\n".join(self.coordinate_lines(state, params)) + "\n" + grid
 
-    def coordinate_lines(self, state: Any, params: Any) -> list[str]:
-        """The `grid_coord` header lines (views that offer that format define them)."""
+    # views that offer "grid_coord" define the lines' labels and, per label, the cells it lists
+    coordinate_labels: tuple[str, ...] = ()
+
+    def coordinate_cells(self, state: Any, params: Any) -> list[tuple[jax.Array, int]]:
+        """Per `coordinate_labels` entry: (bool[R, C] of the cells its line lists, row-major, the
+        most cells it can list). Array code, so the host lines and the graph's tokens agree."""
         raise NotImplementedError
+
+    def board_shape(self, params: Any) -> tuple[int, int]:
+        """(rows, cols) of `symbol_grid` under `params` ("grid_coord" views)."""
+        raise NotImplementedError
+
+    def coordinate_lines(self, state: Any, params: Any) -> list[str]:
+        """The `grid_coord` header lines: the board's size, then each label's cells ("none": no cell)."""
+        rows, cols = self.board_shape(params)
+        lists = [format_cells(np.asarray(mask)) or "none" for mask, _ in self.coordinate_cells(state, params)]
+        return [f"Board size: {rows} rows x {cols} cols"] + [f"{label}: {cells}" for label, cells in
+                                                             zip(self.coordinate_labels, lists)]
 
     def demo_reasoning(self, state: Any, params: Any, moves: list[str], name_blocked: bool = False) -> str:
         """The warm start's reasoning before `moves` (action names) from `state` (host arrays):
         templated but grounded in the state, so the fitted policy starts by reading the board.
         `name_blocked` (views with a `blocked_kind`): also the moves into such cells."""
         return f"I move {' then '.join(moves)}."
+
+    def grade_reasoning(self, state: Any, params: Any, reasoning: str) -> dict[str, tuple[Hashable, bool]]:
+        """What one turn's reasoning states about the state it was shown (host arrays of one
+        row), each fact checked against the state: {fact: (what it said, right)} for the facts
+        it states, e.g. {"player": ((2, 3), True)}. Validation reports, per fact, the share of
+        turns stating it, the share of those right and the share naming the most named value
+        (`diagnostics.reasoning_check`). {}: no board facts to check (free-text games)."""
+        return {}
+
+    def grade_template(self, reasoning: str, player, blocked=None) -> dict[str, tuple[Hashable, bool]]:
+        """`grade_reasoning` for the board games' template (`demo_reasoning`: "Player (r, c), …,
+        walls: Up, Right. I move …"): the stated cell against `player` (row, col), and the named
+        moves into a `blocked_kind` cell against the bool grid `blocked` (None: not graded)."""
+        facts = {}
+        player = tuple(int(x) for x in player)
+        cell = STATED_CELL.search(reasoning)
+        if cell:
+            said = (int(cell.group(1)), int(cell.group(2)))
+            facts["player"] = (said, said == player)
+        named = STATED_BLOCKED.search(reasoning)
+        if blocked is not None and named and named.group(1) == self.blocked_kind:
+            said = frozenset(m.strip() for m in named.group(2).split(",")) - {"none"}
+            facts[self.blocked_kind] = (said, said == set(moves_into(blocked, player, self.action_names)))
+        return facts
+
+
+STATED_CELL = re.compile(r"Player \((\d+), (\d+)\)")  # the template's player cell
+STATED_BLOCKED = re.compile(r"(holes|walls): ([A-Za-z, ]*?)\.")  # the template's moves into holes or walls
 
 
 class TextAnswerView(TextView):
@@ -157,6 +240,64 @@ class TextAnswerView(TextView):
         states = keep_where(go, stepped, states)
         actions = jnp.zeros((taken.shape[0], max_actions_per_turn), jnp.int32)
         return AnswerSteps(states, jnp.where(go, r, 0.0), taken + go, valid, actions)
+
+
+RENDER_FORMATS = ("grid", "grid_coord")  # the board games' observation texts
+
+
+def render_format(params: Any) -> str:
+    """The observation text `params` ask for (`render_format`, a static field of the board games'
+    params; "grid" for params without one)."""
+    return getattr(params, "render_format", "grid")
+
+
+def cell_mask(shape: tuple[int, int], cell) -> jax.Array:
+    """bool[R, C], true at `cell` (row, col) only."""
+    return (jnp.arange(shape[0])[:, None] == cell[0]) & (jnp.arange(shape[1])[None, :] == cell[1])
+
+
+def coordinate_tables(tokenizer, shape: tuple[int, int], labels: tuple[str, ...], symbols: tuple[str, ...]) -> dict:
+    """The pieces of the `grid_coord` lines of a board of `shape` under `tokenizer`: the size line,
+    each label ("Player:"), each cell " (r, c)" followed by "," or by the line's newline, and
+    " none\n". Refuses a tokenizer whose tokens of sample lines (and of the last line followed
+    by a board of `symbols`) are not the pieces joined."""
+    def encode(text):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    rows, cols = shape
+    size = encode(f"Board size: {rows} rows x {cols} cols\n")
+    label_ids = [encode(f"{label}:") for label in labels]
+    items = [[[encode(f" ({r}, {c})" + ("\n" if last else ",")) for last in (0, 1)] for c in range(cols)]
+             for r in range(rows)]
+    none = encode(" none\n")
+    last_cell = (rows - 1, cols - 1)
+    checks = [(f"Board size: {rows} rows x {cols} cols\n{labels[0]}:", size + label_ids[0])]
+    checks += [(f"{labels[-1]}: none\n{s}", label_ids[-1] + none + encode(s)) for s in symbols]
+    checks += [(f"{labels[-1]}: (0, 0)\n{s}", label_ids[-1] + items[0][0][1] + encode(s)) for s in symbols]
+    for k, label in enumerate(labels):  # a line of none, one, two and three cells, then the next line
+        for cells in ([], [(0, 0)], [last_cell, (0, 0)], [(0, 0), last_cell, (rows // 2, cols // 2)]):
+            text = f"{label}:" + (",".join(f" ({r}, {c})" for r, c in cells) or " none") + "\n" + f"{labels[0]}:"
+            pieces = label_ids[k] + ([i for n, (r, c) in enumerate(cells) for i in items[r][c][n == len(cells) - 1]]
+                                     if cells else none) + label_ids[0]
+            checks.append((text, pieces))
+    for text, pieces in checks:
+        if encode(text) != pieces:
+            raise ValueError(f"the tokenizer merges tokens across the pieces of the coordinate lines {text!r}; "
+                             f"render_format='grid_coord' renders them piece by piece")
+    width = max(len(p) for row in items for cell in row for p in cell)
+    item_ids = np.zeros((rows, cols, 2, width), np.int32)
+    item_lens = np.zeros((rows, cols, 2), np.int32)
+    for r in range(rows):
+        for c in range(cols):
+            for last in (0, 1):
+                item_ids[r, c, last, :len(items[r][c][last])] = items[r][c][last]
+                item_lens[r, c, last] = len(items[r][c][last])
+    label_width = max(map(len, label_ids))
+    labels_table = np.array([ids + [0] * (label_width - len(ids)) for ids in label_ids], np.int32)
+    return {"coord_size": jnp.asarray(size, jnp.int32), "coord_labels": jnp.asarray(labels_table),
+            "coord_label_lens": jnp.asarray([len(ids) for ids in label_ids], jnp.int32),
+            "coord_items": jnp.asarray(item_ids), "coord_item_lens": jnp.asarray(item_lens),
+            "coord_none": jnp.asarray(none, jnp.int32)}
 
 
 def format_cells(mask) -> str:

@@ -97,6 +97,9 @@ class Trajectories:
     # f32[B, S] the temperature each generated token was drawn at, with `action_sampling` (None:
     # `sampling`'s for every token)
     temperatures: jax.Array | None = None
+    # the env state each turn was shown (leaves [B, T, ...]; a turn not played repeats the last):
+    # what a game grades its reasoning against (`TextView.grade_reasoning`)
+    turn_states: Any = None
     # where each turn's observation and generation sit in the buffer (the system prompt: slots
     # [0, layout.system), the same in every row)
     layout: BufferLayout | None = struct.field(pytree_node=False, default=None)
@@ -196,6 +199,7 @@ class TurnRecord(NamedTuple):
     actions: jax.Array  # int32[B, max_actions_per_turn]
     gen_lengths: jax.Array  # int32[B]
     reasoning_lengths: jax.Array  # int32[B]
+    states: Any  # the env states the turn was shown
 
 
 def rollout(
@@ -296,7 +300,7 @@ def play_turn(setup: RolloutSetup, carry: TurnCarry, turn: int, turn_key: jax.Ar
         temperatures=temperatures,
     )
     record = TurnRecord(active, active & steps.valid, reward, steps.actions, jnp.where(active, out.lengths, 0),
-                        jnp.where(active, thought, 0))
+                        jnp.where(active, thought, 0), carry.states)
     return new, record
 
 
@@ -355,7 +359,9 @@ def write_turn(setup: RolloutSetup, carry: TurnCarry, turn: int, ids, mask, out:
 def to_trajectories(setup: RolloutSetup, carry: TurnCarry, records: list[TurnRecord]) -> Trajectories:
     """The finished rollout: the buffers, the loss mask over generated slots, the episode
     reward on each row's last generated token, and the per-turn records as [B, T]."""
-    active, turn_valid, turn_reward, turn_actions, gen_lengths, thought = (jnp.stack(r) for r in zip(*records))
+    *per_turn, shown = zip(*records)  # the per-row fields, then the state pytrees
+    active, turn_valid, turn_reward, turn_actions, gen_lengths, thought = (jnp.stack(f) for f in per_turn)
+    turn_states = jax.tree.map(lambda *turns: jnp.stack(turns, axis=1), *shown)
     layout = setup.layout
     slots = jnp.arange(layout.length)[None, :]
     is_generated = functools.reduce(jnp.logical_or, [(slots >= o) & (slots < o + layout.generation)
@@ -378,6 +384,7 @@ def to_trajectories(setup: RolloutSetup, carry: TurnCarry, records: list[TurnRec
         gen_lengths=gen_lengths.T,
         reasoning_lengths=thought.T,
         temperatures=carry.temperatures,
+        turn_states=turn_states,
         layout=layout,
     )
 

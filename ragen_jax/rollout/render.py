@@ -3,7 +3,7 @@ output, the parsed actions and the reward (`evaluate`'s transcripts, the reasoni
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -52,7 +52,7 @@ def render_trajectories(
             raise ValueError(f"row {b} is out of range: the batch has {batch} trajectories")
 
     def decode(ids) -> str:
-        return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return _decode(tokenizer, ids)
 
     def segment(b: int, where: slice) -> np.ndarray:
         return tokens[b, where][mask[b, where]]
@@ -98,6 +98,22 @@ def render_trajectories(
         out += [f"Final: return {float(host.episode_reward[b]):+.2f}, success: {'yes' if success else 'no'}, "
                 f"{int(host.num_actions[b])} env action(s) in {played} turn(s)", ""]
     return "\n".join(out)
+
+
+def turn_outputs(traj: Trajectories, tokenizer) -> Iterator[tuple[int, int, str]]:
+    """(row, turn, the model's output) of every turn played, rows in order: the generated text
+    as `render_trajectories` shows it."""
+    host = jax.device_get(traj)
+    tokens, mask, active = np.asarray(host.tokens), np.asarray(host.mask), np.asarray(host.turn_active)
+    for b in range(tokens.shape[0]):
+        for t in range(traj.layout.turns):
+            if active[b, t]:
+                where = traj.layout.generation_slice(t)
+                yield b, t, _decode(tokenizer, tokens[b, where][mask[b, where]])
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _block(text: str) -> str:

@@ -148,7 +148,7 @@ def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None)
     model, tokenizer = load_model(run.settings.model, run.settings.seed, mesh)
     per_turn = run.step.rollout.max_actions_per_turn
     try:
-        codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=model.cfg.vocab_size)
+        codec = TextCodec.build(tokenizer, env, per_turn, vocab_size=model.cfg.vocab_size, env_params=env_params)
         prompt = PromptTemplate.build(tokenizer, env, per_turn)
     except ValueError as err:
         raise ConfigError(f"the tokenizer cannot render {run.env_name}: {str(err).splitlines()[0]}") from None

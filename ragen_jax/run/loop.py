@@ -248,7 +248,7 @@ def validation_metrics(validator, policy, exp) -> dict:
     val, val_traj = validator(policy)
     # the built-in tasks' reasoning template, checked against the boards ({} for free-form reasoning)
     val_traj = distributed.to_host(val_traj)
-    val.update(reasoning_check.validation_metrics(val_traj, exp.tokenizer))
+    val.update(reasoning_check.validation_metrics(val_traj, exp.tokenizer, exp.env, exp.env_params))
     return {f"val/{k}": float(v) for k, v in val.items()}
 
 

@@ -44,6 +44,9 @@ class EnvSection:
     # FrozenLake: the chance a move goes where it was meant to (gymnasium's slip; 1.0 is
     # deterministic); None: the preset's 1/3, the classic slippery lake.
     success_rate: float | None = None
+    # Sokoban, FrozenLake: the observation text, "grid" (the board's symbols) or "grid_coord"
+    # (lines listing the cells of the player and the other pieces, then the grid); None: grid.
+    render_format: str | None = None
     # Every env: the chance a finished training episode's reward is replaced by the reward of an
     # episode drawn from the same batch (the paper's "fraction of random rewards"; validation and
     # the logged success keep the true outcome; ragen_jax.rl.reward_noise). 0: none.

@@ -117,11 +117,13 @@ class TextCodec:
     max_actions_per_turn: int = struct.field(pytree_node=False, default=2)
 
     @classmethod
-    def build(cls, tokenizer, env, max_actions_per_turn: int, vocab_size: int | None = None) -> TextCodec:
+    def build(cls, tokenizer, env, max_actions_per_turn: int, vocab_size: int | None = None,
+              env_params=None) -> TextCodec:
         """Tables for `env`'s symbols and actions under `tokenizer` (a transformers tokenizer).
 
         `vocab_size` pads the byte table to the model's embedding size when it is larger than
-        the tokenizer's (the extra ids decode to nothing).
+        the tokenizer's (the extra ids decode to nothing). `env_params`: the env's text tables
+        for these params (a board's coordinate lines need them; None: the plain grid).
         """
         if max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn={max_actions_per_turn} must be >= 1")
@@ -156,7 +158,7 @@ class TextCodec:
             byte_lens=jnp.asarray([len(t) for t in table], jnp.int32),
             action_bytes=jnp.asarray(_pad(names, max(map(len, names), default=1), np.uint8)),
             action_lens=jnp.asarray([len(n) for n in names], jnp.int32),
-            env_tables=env.text_tables(tokenizer),
+            env_tables=env.text_tables(tokenizer, env_params),
             symbols=tuple(env.symbols), action_names=tuple(env.action_names),
             max_actions_per_turn=int(max_actions_per_turn),
         )

@@ -14,7 +14,6 @@ def test_first_turn_plans_grade_reasoning_and_answer_against_the_solver():
     Down solves it in one move. With a budget of 2, Right || Down spends both moves without
     pushing the box (lost), while Left || Down and Up then Down bump a wall first and then
     push the box home (kept). Only Down is the solver's first move."""
-    import jax
     import numpy as np
 
     from ragen_jax.envs import registry
@@ -25,36 +24,24 @@ def test_first_turn_plans_grade_reasoning_and_answer_against_the_solver():
     fixed[3, 3] = 2
     room = fixed.copy()
     room[1, 3], room[2, 3] = 5, 4  # player, box
-    states = jax.tree.map(lambda a: np.stack([np.asarray(a)] * 3),
-                          env.state_from_rooms(fixed, room, params))
-    board = env.render_text(jax.tree.map(lambda a: a[0], states), params)
-    assert board.split("\n")[1].split() == ["#", "#", "#", "P", "_", "#"]
-
-    def trajectory(row, output, shown=board):
-        return (f"\nTrajectory {row + 1}/3 (row {row}, level {row}): return 0, 1 turn(s)\n---- Turn 1 ----\n"
-                f"[observation]\nTurn 1:\nState:\n{shown}\nYou have 2 actions left.<|im_end|>\n"
-                f"[model output] (20 tokens)\n {output}\n[parsed actions] action 1\n")
-
-    text = "header" + "".join([
-        trajectory(0, "Player (1, 3), box (2, 3), target (3, 3). I move Down. </think> "
+    start = env.state_from_rooms(fixed, room, params)
+    assert env.render_text(start, params).split("\n")[1].split() == ["#", "#", "#", "P", "_", "#"]
+    firsts = [(start, "Player (1, 3), box (2, 3), target (3, 3). I move Down. </think> "
                       "<answer> Right || Down </answer>"),
-        trajectory(1, "Player (1, 3), box (2, 3), target (3, 3). I move Up then Down. </think> "
+              (start, "Player (1, 3), box (2, 3), target (3, 3). I move Up then Down. </think> "
                       "<answer> Left || Down </answer>"),
-        trajectory(2, "Player (1, 3). I move Down. </think> <answer> Down </answer>",
-                   shown=board.replace("P", "_", 1)),  # not the level this row started from
-    ])
-    plans = board_reading.first_turn_plans(text, states, env, params, budget=2, turns=2, per_turn=2)
-    assert plans["levels"] == 2 and plans["board_mismatches"] == 1
+              (start, "free text </think> <answer> Down </answer>")]  # no template: not graded
+    plans = board_reading.first_turn_plans(firsts, env, params, budget=2, turns=2, per_turn=2)
+    assert plans["levels"] == 2
     assert plans["reasoning_keeps"] == 1.0  # Down; Up (a wall) then Down
     assert plans["answer_keeps"] == 0.5  # Right || Down loses, Left (a wall) || Down solves
     assert plans["reasoning_first_optimal"] == 0.5 and plans["answer_first_optimal"] == 0.0
     # Up alone (a wall) leaves a move of the budget, but no turn to make it in when there is
     # only one: the turn limit counts, not just the budget
-    one_turn = "header" + trajectory(0, "Player (1, 3), box (2, 3), target (3, 3). I move Up. </think> "
-                                        "<answer> Up </answer>")
-    plans = board_reading.first_turn_plans(one_turn, states, env, params, budget=2, turns=1, per_turn=2)
+    one_turn = [(start, "Player (1, 3), box (2, 3), target (3, 3). I move Up. </think> <answer> Up </answer>")]
+    plans = board_reading.first_turn_plans(one_turn, env, params, budget=2, turns=1, per_turn=2)
     assert plans["levels"] == 1 and plans["reasoning_keeps"] == 0.0 and plans["answer_keeps"] == 0.0
-    plans = board_reading.first_turn_plans(one_turn, states, env, params, budget=2, turns=2, per_turn=2)
+    plans = board_reading.first_turn_plans(one_turn, env, params, budget=2, turns=2, per_turn=2)
     assert plans["reasoning_keeps"] == 1.0 and plans["answer_keeps"] == 1.0
 
 

@@ -28,7 +28,8 @@ BOARD_GAMES = {
 }
 TEXT_MEMBERS = ("symbols", "render_formats", "answer_kind", "max_answer_bytes", "blocked_kind", "step_text",
                 "read_answer", "play_answers", "text_tables", "state_tokens", "boundary_samples", "instructions",
-                "render_grid", "render_text", "coordinate_lines", "demo_reasoning")
+                "render_grid", "render_text", "coordinate_labels", "coordinate_cells", "coordinate_tokens",
+                "coordinate_lines", "board_shape", "demo_reasoning", "grade_reasoning", "grade_template")
 GAME_MEMBERS = ("name", "action_names", "num_actions", "default_params", "reset", "reset_batch", "step",
                 "symbol_grid", "solve", "has_solver", "deterministic_params")
 

@@ -1,6 +1,9 @@
 """A new game needs no edit outside its own code: a toy corridor, defined and registered here
-with its text view, run-config options and solver, goes through `registry.make`, the run
-config, a validation rollout of the warm start's demonstrations, and the demo."""
+with its text view, run-config options, solver and reasoning grader, goes through `registry.make`,
+the run config, a validation rollout of the warm start's demonstrations (with board-reading
+metrics), and the demo."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +81,10 @@ class Corridor(Environment):
     def demo_reasoning(self, state, params, moves, name_blocked=False) -> str:
         return f"Player {int(state.player)}, goal {int(state.goal)}. I move {' then '.join(moves)}."
 
+    def grade_reasoning(self, state, params, reasoning):  # the board-reading metrics' hook
+        said = re.search(r"Player (\d+)", reasoning)
+        return {"player": (int(said.group(1)), int(said.group(1)) == int(state.player))} if said else {}
+
 
 CORRIDOR = Corridor()
 OPTIONS = {"max_steps": registry.Option(), "success_rate": registry.Option(kind=float, bounds=(0.0, 1.0))}
@@ -129,6 +136,7 @@ def test_a_validation_rollout_of_its_demonstrations_solves_every_level(corridor)
     scripted policy in the validation rollout: every level solved, every turn valid."""
     from agent_setup import scripted_texts, text_parts
 
+    from ragen_jax.diagnostics import reasoning_check
     from ragen_jax.rollout.play import RolloutConfig
     from ragen_jax.rollout.policies import ScriptedPolicy
     from ragen_jax.training import sft
@@ -144,9 +152,12 @@ def test_a_validation_rollout_of_its_demonstrations_solves_every_level(corridor)
     texts = sft.demonstration_texts(env, params, states, config, np.random.default_rng(0), noise=0.0)
     assert texts[0][0].startswith(f" Player {int(states.player[0])}, goal {int(states.goal[0])}. I move ")
     tokens, lengths = scripted_texts(tok, texts, config)
-    metrics, _ = jax.jit(lambda tk, ln: validation_rollout(lambda part: ScriptedPolicy(tk, ln), env, params, codec,
-                                                           prompt, eval_config, train))(tokens, lengths)
+    metrics, traj = jax.jit(lambda tk, ln: validation_rollout(lambda part: ScriptedPolicy(tk, ln), env, params,
+                                                              codec, prompt, eval_config, train))(tokens, lengths)
     assert float(metrics["success"]) == 1.0 and float(metrics["valid_action_rate"]) == 1.0
+    # its board-reading metrics come from its hook, graded on the states each turn was shown
+    reading = reasoning_check.validation_metrics(jax.device_get(traj), tok, env, params)
+    assert reading["reasoning/player_stated"] == 1.0 and reading["reasoning/player_right"] == 1.0
 
 
 def test_the_demo_plays_it(corridor, capsys):

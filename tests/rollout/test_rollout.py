@@ -134,7 +134,8 @@ def test_model_logprobs_equal_a_training_forward_over_the_buffer(model_rollout):
 # ------------------------------------------------------------------ host-side replay
 
 def replay(setup, traj, key):
-    """Rebuild every observation, parse and env step on the host from the sampled tokens."""
+    """Rebuild every observation, parse and env step on the host from the sampled tokens; the
+    recorded state of every turn played is the replayed one."""
     env, params, tok, codec, prompt = setup
     states = initial_states(jax.random.split(key)[0], env, params, CONFIG)
     step = jax.jit(env.step, static_argnums=3)
@@ -156,6 +157,8 @@ def replay(setup, traj, key):
             if not active:
                 assert len(obs) == 0 and len(gen) == 0
                 continue
+            shown = jax.tree.map(lambda a: np.asarray(a)[b, t], traj.turn_states)  # what games grade reasoning on
+            jax.tree.map(np.testing.assert_array_equal, shown, jax.device_get(state))
             text = prompt.observation_text(t + 1, env.render_text(state, params), CONFIG.max_actions_per_traj - taken,
                                            last_reward, warning, closed)
             assert list(obs) == tok.encode(text, add_special_tokens=False), (b, t)

@@ -62,6 +62,46 @@ def test_render_equals_env_render_text_on_real_states(tokenizer, codecs):
         assert valid_ids(ids, mask) == encode(tokenizer, env.render_text(state, p, "grid"))
 
 
+def coordinate_cases():
+    """(env, params, state) with render_format="grid_coord": a Sokoban room with the player on the
+    target, an 8×8 room with two boxes (one on a target), and lakes with holes and without."""
+    sokoban, simple = make("SimpleSokoban", render_format="grid_coord")
+    _, larger = make("LargerSokoban", render_format="grid_coord")
+    fixed = np.array([[0] * 6, [0, 1, 1, 1, 1, 0], [0, 1, 2, 1, 1, 0], [0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0], [0] * 6])
+    room = fixed.copy()
+    room[2, 2], room[4, 2] = 5, 4  # player on the target, box
+    big_fixed = np.pad(np.ones((6, 6), np.int32), 1)
+    big_fixed[6, 1] = big_fixed[2, 5] = 2
+    big_room = big_fixed.copy()
+    big_room[2, 5], big_room[5, 6], big_room[6, 6] = 3, 4, 5  # box on a target, box, player
+    lake, lake_params = make("FrozenLake", render_format="grid_coord")
+    holes = np.zeros((4, 4), bool)
+    holes[1, 1] = holes[2, 3] = holes[3, 0] = True
+    return [(sokoban, simple, sokoban.state_from_rooms(fixed, room, simple)),
+            (sokoban, larger, sokoban.state_from_rooms(big_fixed, big_room, larger)),
+            (lake, lake_params, lake.state_from_map(holes, [0, 0], [3, 3])),
+            (lake, lake_params, lake.state_from_map(np.zeros((4, 4), bool), [3, 3], [0, 2]))]
+
+
+def test_coordinate_lines_in_the_graph_equal_encode(tokenizer):
+    """render_format="grid_coord": the state's tokens (coordinate lines, then the grid) are
+    `tokenizer.encode(render_text + "\n")`, with every tokenizer; the plain grid needs no tables."""
+    for env, params, state in coordinate_cases():
+        codec = TextCodec.build(tokenizer, env, 2, env_params=params)
+        ids, mask = jax.jit(env.state_tokens, static_argnums=1)(state, params, codec)
+        text = env.render_text(state, params)
+        assert text.startswith("Board size: ") and valid_ids(ids, mask) == encode(tokenizer, text + "\n"), text
+    assert TextCodec.build(tokenizer, env, 2, env_params=params.replace(render_format="grid")).env_tables == {}
+
+
+def test_coordinate_lines_need_the_codec_of_their_params(builtin_tokenizer, codecs):
+    env, params, state = coordinate_cases()[0]
+    with pytest.raises(ValueError, match=r"render_format='grid_coord' needs the codec built with these env params"):
+        env.state_tokens(state, params, codecs(builtin_tokenizer, "SimpleSokoban"))
+    with pytest.raises(ValueError, match=r"^render_format='text' is not one of grid, grid_coord$"):
+        make("SimpleSokoban", render_format="text")
+
+
 def test_punctuation_cells_swallow_the_newline(builtin_tokenizer, codecs):
     """docs/architecture.md#text-in-the-graph, as the piece table records it: ` #\\n` is one
     token, ` P\\n` two."""

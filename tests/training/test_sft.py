@@ -185,5 +185,5 @@ def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
     metrics, traj = validate(exp.model, exp.env, exp.env_params, exp.codec, exp.prompt,
                              EvalConfig(num_envs=32, temperature=0.5, seed=5), exp.run.step.rollout)
     assert metrics["valid_action_rate"] > 0.9 and metrics["success"] > 0.1, metrics
-    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer)
+    scores = reasoning_check.validation_metrics(distributed.to_host(traj), exp.tokenizer, exp.env, exp.env_params)
     assert scores["reasoning/player_stated"] > 0.9 and scores["reasoning/player_right"] > 0.5, scores  # blind: ~0.06

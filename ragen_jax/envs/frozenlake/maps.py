@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from ragen_jax.envs.text_view import RENDER_FORMATS
+
 DESC_LETTERS = "SFHG"
 
 
@@ -26,8 +28,13 @@ class FrozenLakeParams:
     max_steps: int = struct.field(pytree_node=False, default=100)
     # A fixed map as gymnasium writes it, e.g. ("SFFF", "FHFH", "FFFH", "HFFG"); `size` follows it.
     desc: tuple[str, ...] | None = struct.field(pytree_node=False, default=None)
+    # the observation text: "grid" (the board's symbols) or "grid_coord" (lines listing the
+    # goal's, holes' and player's cells, then the grid)
+    render_format: str = struct.field(pytree_node=False, default="grid")
 
     def __post_init__(self):
+        if self.render_format not in RENDER_FORMATS:
+            raise ValueError(f"render_format={self.render_format!r} is not one of {', '.join(RENDER_FORMATS)}")
         if self.desc is not None:
             desc = tuple(self.desc)
             _check_desc(desc)

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.envs.frozenlake.maps import FrozenLakeParams, FrozenLakeState
-from ragen_jax.envs.text_view import TextView, format_cells, moves_into
+from ragen_jax.envs.text_view import RENDER_FORMATS, TextView, cell_mask, moves_into
 
 
 class FrozenLakeText(TextView):
     """The text view of `FrozenLakeGame`; symbol ids are `game.py`'s (`FROZEN`, `HOLE`, ...)."""
 
     symbols = ("_", "O", "G", "P", "X", "√")
-    render_formats = ("grid", "grid_coord")
+    render_formats = RENDER_FORMATS
     blocked_kind = "holes"
 
-    def coordinate_lines(self, state: FrozenLakeState, params: FrozenLakeParams) -> list[str]:
-        goal, player = np.asarray(state.goal), np.asarray(state.player)
-        return [
-            f"Board size: {params.size} rows x {params.size} cols",
-            f"Goal: ({goal[0]}, {goal[1]})",
-            f"Holes: {format_cells(state.holes) or 'none'}",
-            f"Player: ({player[0]}, {player[1]})",
-        ]
+    coordinate_labels = ("Goal", "Holes", "Player")
+
+    def board_shape(self, params: FrozenLakeParams) -> tuple[int, int]:
+        return params.size, params.size
+
+    def coordinate_cells(self, state: FrozenLakeState, params: FrozenLakeParams):
+        shape = (params.size, params.size)
+        return [(cell_mask(shape, state.goal), 1), (jnp.asarray(state.holes), params.size * params.size),
+                (cell_mask(shape, state.player), 1)]
 
     def demo_reasoning(self, state: FrozenLakeState, params: FrozenLakeParams, moves: list[str],
                        name_blocked: bool = False) -> str:
@@ -36,6 +38,10 @@ class FrozenLakeText(TextView):
         # in 14% (0.655 on the slippery lake against 0.595 after the same fitting: docs/tuning.md, naming the holes)
         holes = ", ".join(moves_into(state.holes, player, self.action_names)) or "none"
         return f"Player {player}, goal {goal}, holes: {holes}. I move {' then '.join(moves)}."
+
+    def grade_reasoning(self, state: FrozenLakeState, params: FrozenLakeParams, reasoning: str):
+        """The template's player cell and the moves it names into a hole."""
+        return self.grade_template(reasoning, np.asarray(state.player), np.asarray(state.holes, bool))
 
     def instructions(self) -> str:
         return (

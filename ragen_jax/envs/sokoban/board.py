@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from flax import struct
 
+from ragen_jax.envs.text_view import RENDER_FORMATS
+
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER = 0, 1, 2, 3, 4, 5
 PLAYER_ON_TARGET = 6  # only in symbol grids: gym-sokoban draws it from room_fixed
 
@@ -40,8 +42,13 @@ class SokobanParams:
     tie_swap: float = struct.field(pytree_node=False, default=0.2)
     # Whole-level regenerations allowed before giving up (a try fails with probability ≪ 1%).
     max_tries: int = struct.field(pytree_node=False, default=64)
+    # the observation text: "grid" (the board's symbols) or "grid_coord" (lines listing the
+    # targets', boxes' and player's cells, then the grid)
+    render_format: str = struct.field(pytree_node=False, default="grid")
 
     def __post_init__(self):
+        if self.render_format not in RENDER_FORMATS:
+            raise ValueError(f"render_format={self.render_format!r} is not one of {', '.join(RENDER_FORMATS)}")
         rows, cols = self.dim_room
         if rows < 5 or cols < 5:
             raise ValueError(f"dim_room={tuple(self.dim_room)} is too small: rows and cols must be >= 5")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.envs.sokoban.board import (
@@ -13,7 +14,7 @@ from ragen_jax.envs.sokoban.board import (
     SokobanParams,
     SokobanState,
 )
-from ragen_jax.envs.text_view import TextView, format_cells, moves_into
+from ragen_jax.envs.text_view import RENDER_FORMATS, TextView, cell_mask, format_cells, moves_into
 
 
 class SokobanText(TextView):
@@ -21,18 +22,19 @@ class SokobanText(TextView):
     and `PLAYER_ON_TARGET`."""
 
     symbols = ("#", "_", "O", "√", "X", "P", "S")
-    render_formats = ("grid", "grid_coord")
+    render_formats = RENDER_FORMATS
     blocked_kind = "walls"
 
-    def coordinate_lines(self, state: SokobanState, params: SokobanParams) -> list[str]:
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
-        rows, cols = fixed.shape
-        return [
-            f"Board size: {rows} rows x {cols} cols",
-            f"Targets: {format_cells(fixed == TARGET)}",
-            f"Boxes: {format_cells((room == BOX) | (room == BOX_ON_TARGET))}",
-            f"Player: {format_cells(room == PLAYER)}",
-        ]
+    coordinate_labels = ("Targets", "Boxes", "Player")
+
+    def board_shape(self, params: SokobanParams) -> tuple[int, int]:
+        return tuple(params.dim_room)
+
+    def coordinate_cells(self, state: SokobanState, params: SokobanParams):
+        room = jnp.asarray(state.room_state)
+        return [(jnp.asarray(state.room_fixed) == TARGET, params.num_boxes),
+                ((room == BOX) | (room == BOX_ON_TARGET), params.num_boxes),
+                (cell_mask(room.shape, state.player), 1)]
 
     def demo_reasoning(self, state: SokobanState, params: SokobanParams, moves: list[str],
                        name_blocked: bool = False) -> str:
@@ -45,6 +47,10 @@ class SokobanText(TextView):
         if name_blocked:
             seen += f", walls: {', '.join(moves_into(fixed == WALL, player, self.action_names)) or 'none'}"
         return f"{seen}. I move {' then '.join(moves)}."
+
+    def grade_reasoning(self, state: SokobanState, params: SokobanParams, reasoning: str):
+        """The template's player cell and the moves it names into a wall."""
+        return self.grade_template(reasoning, np.asarray(state.player), np.asarray(state.room_fixed) == WALL)
 
     def instructions(self) -> str:
         return (

@@ -107,13 +107,16 @@ def validation_rollout(
     eval_config: EvalConfig,
     train_rollout_config: RolloutConfig,
     mesh: jax.sharding.Mesh | None = None,
+    key: jax.Array | None = None,
 ) -> tuple[dict[str, jax.Array], Trajectories]:
     """Traceable: the validation rollout of any policy (`policy_for(part)`: a model's, or a
     scripted one in tests) and its metrics as f32 scalars, on `mesh` as the train step's
-    (`rollout_on_mesh`: per device on a data-only mesh). Keys from `eval_config.seed` only."""
+    (`rollout_on_mesh`: per device on a data-only mesh). Keys from `eval_config.seed` only
+    (`key`: that seed's `eval_config.key()`, passed in so the seed is not compiled in)."""
     config = eval_config.rollout_config(train_rollout_config)
+    key = eval_config.key() if key is None else key
     traj = rollout_on_mesh(
-        lambda part, rows: rollout(eval_config.key(), policy_for(part), env, env_params, codec, prompt, config,
+        lambda part, rows: rollout(key, policy_for(part), env, env_params, codec, prompt, config,
                                    shard_rows=rows, part=part),
         config.batch, mesh)
     return validation_metrics(traj, config.group_size), traj
@@ -121,14 +124,15 @@ def validation_rollout(
 
 @functools.partial(jax.jit, static_argnames=("graph", "env", "env_params", "eval_config", "train_rollout_config",
                                              "mesh"))
-def _validate_compiled(params_state, codec, prompt, *, graph, env, env_params, eval_config, train_rollout_config,
-                       mesh):
+def _validate_compiled(params_state, codec, prompt, key, *, graph, env, env_params, eval_config,
+                       train_rollout_config, mesh):
     """The compiled validation: jit's cache holds one executable per static setting (graph,
-    env, env params, configs, mesh), shared by every `Validator` and `validate` call."""
+    env, env params, configs without the seed, mesh), shared by every `Validator` and
+    `validate` call; the seed's key is an argument, so other levels do not recompile."""
     model = for_inference(nnx.merge(graph, params_state))  # only run forward
     config = eval_config.rollout_config(train_rollout_config)
     return validation_rollout(lambda part: model_policy(model, codec, prompt, config, part), env, env_params,
-                              codec, prompt, eval_config, train_rollout_config, mesh)
+                              codec, prompt, eval_config, train_rollout_config, mesh, key)
 
 
 class Validator:
@@ -150,17 +154,24 @@ class Validator:
 
     def __call__(self, params_state: nnx.State) -> tuple[dict[str, float], Trajectories]:
         with sharding.tracing_on(self.mesh):
-            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, **self._static())
+            metrics, traj = _validate_compiled(params_state, self.codec, self.prompt, self._key(), **self._static())
         return {name: float(value) for name, value in jax.device_get(metrics).items()}, traj
 
     def lower(self, params_state: nnx.State):
         """The validation program lowered for `params_state` (arrays or ShapeDtypeStructs with
         shardings: `.compile()` it for devices that need not be attached, e.g. a TPU topology's)."""
         with sharding.tracing_on(self.mesh):
-            return _validate_compiled.lower(params_state, self.codec, self.prompt, **self._static())
+            key = jax.ShapeDtypeStruct((), self._key().dtype,
+                                       sharding=None if self.mesh is None else sharding.replicated(self.mesh))
+            return _validate_compiled.lower(params_state, self.codec, self.prompt, key, **self._static())
+
+    def _key(self) -> jax.Array:
+        key = self.eval_config.key()
+        return key if self.mesh is None else sharding.put_replicated(key, self.mesh)
 
     def _static(self) -> dict:
-        return dict(graph=self.graph, env=self.env, env_params=self.env_params, eval_config=self.eval_config,
+        return dict(graph=self.graph, env=self.env, env_params=self.env_params,
+                    eval_config=dataclasses.replace(self.eval_config, seed=0),
                     train_rollout_config=self.train_rollout_config, mesh=self.mesh)
 
 

@@ -150,6 +150,19 @@ def test_fixed_seeds_give_identical_results_on_the_seeds_levels(setup, levels, v
     assert any(not np.array_equal(a.room_state, b.room_state) for a, b in zip(states, other_seed))
 
 
+def test_another_seed_plays_its_levels_without_recompiling(setup, levels, validated):
+    """The seed's key is an argument of the compiled validation: other levels, same program."""
+    from ragen_jax.training import validation
+
+    env, params, _, codec, prompt = setup
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS), jax.random.key(0))
+    compiled = validation._validate_compiled._cache_size()
+    reseeded = dataclasses.replace(EVAL, seed=8)
+    _, traj = validate(model, env, params, codec, prompt, reseeded, TRAIN)
+    assert validation._validate_compiled._cache_size() == compiled
+    check_first_observations(setup, traj, levels(reseeded))
+
+
 def test_validation_on_a_data_only_mesh_plays_like_one_device(setup, validated):
     """On a mesh that splits only `data` each device plays its own rows (`rollout_on_mesh`):
     the same trajectories and metrics as the validation on one device."""
@@ -187,7 +200,7 @@ def test_reasoning_check_gives_no_metrics_to_a_policy_without_the_template(setup
 
     _, _, tok, _, _ = setup
     (_, traj), _, _ = validated
-    assert reasoning_check.validation_metrics(jax.device_get(traj), tok) == {}
+    assert reasoning_check.validation_metrics(jax.device_get(traj), tok, *setup[:2]) == {}
 
 
 def test_render_shows_every_turns_observation_and_generation(setup, validated):

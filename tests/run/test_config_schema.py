@@ -25,6 +25,7 @@ def test_the_defaults_are_the_dataclasses():
 
 
 def test_an_optional_key_is_unset_with_none_and_set_by_its_type():
+    assert build({"env.render_format": "grid_coord"}).env_overrides == {"render_format": "grid_coord"}
     run = build({"env.max_steps": "50", "algo.dual_clip": "3", "model.init": "builtin:sokoban-tiny"})
     assert (run.env_overrides, run.step.algo.dual_clip, run.settings.model.init) == ({"max_steps": 50}, 3.0,
                                                                                      "builtin:sokoban-tiny")
@@ -49,6 +50,10 @@ def test_an_unset_algorithm_choice_is_the_algorithms():
     ({"model.preset": "None"}, "model.path is required"),
     ({"model.dtype": "float16"}, "model.dtype='float16' is not supported; allowed: float32, bfloat16"),
     ({"model.vocab_chunk": "-1"}, "model.vocab_chunk=-1 must be >= 0"),
+    ({"env.render_format": "text"}, "env.render_format='text' is not one of grid, grid_coord (or None for the "
+                                    "preset's grid)"),
+    ({"env.name": "Countdown", "env.render_format": "grid"}, "env.render_format='grid' is only used by FrozenLake, "
+                                                             "LargerSokoban, SimpleSokoban, not Countdown"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key(overrides, line):
     with pytest.raises(ConfigError) as err:

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from ragen_jax.text.interface import GameText
+
 THINK_PREFIX = "<think>"  # ends the prompt (docs/method.md#the-prompt); the parser reads it again
 THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>"
 ANSWER_OPEN, ANSWER_CLOSE = b"<answer>", b"</answer>"
@@ -117,7 +119,7 @@ class TextCodec:
     max_actions_per_turn: int = struct.field(pytree_node=False, default=2)
 
     @classmethod
-    def build(cls, tokenizer, env, max_actions_per_turn: int, vocab_size: int | None = None,
+    def build(cls, tokenizer, env: GameText, max_actions_per_turn: int, vocab_size: int | None = None,
               env_params=None) -> TextCodec:
         """Tables for `env`'s symbols and actions under `tokenizer` (a transformers tokenizer).
 

@@ -44,6 +44,7 @@ import numpy as np
 from flax import struct
 
 from ragen_jax.text.codec import THINK_PREFIX, TextCodec, pack, render_observation
+from ragen_jax.text.interface import GameText
 
 FORMAT_PROMPT = ("Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
                  "with no extra text. Strictly follow this format.")
@@ -54,7 +55,7 @@ REWARD_DIGITS = 6  # a reward's integer part renders up to 999999
 CHARS = "0123456789-."  # every character a rendered number uses
 
 
-def system_content(env, max_actions_per_turn: int) -> str:
+def system_content(env: GameText, max_actions_per_turn: int) -> str:
     """The system message: greeting, the env's rules, its actions, the budget and separator
     (the last three only for envs whose answers name actions)."""
     actions = env.action_names if env.answer_kind == "actions" else None
@@ -162,7 +163,7 @@ class PromptTemplate:
     system: str = struct.field(pytree_node=False, default="")  # the system message content
 
     @classmethod
-    def build(cls, tokenizer, env, max_actions_per_turn: int) -> PromptTemplate:
+    def build(cls, tokenizer, env: GameText, max_actions_per_turn: int) -> PromptTemplate:
         chat = ChatPieces.from_tokenizer(tokenizer)
 
         def encode(text):

@@ -114,3 +114,16 @@ def test_the_game_alone_plays_as_the_environment(name):
     assert jax.tree.structure(played) == jax.tree.structure(expected)
     for x, y in zip(jax.tree.leaves(played), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_every_registered_game_gives_the_text_layer_its_declared_interface():
+    """`TextCodec.build` and `PromptTemplate.build` read a game only through `GameText`."""
+    from ragen_jax.envs import registry
+    from ragen_jax.text.interface import GameText
+
+    for name in sorted(registry.ENVS):
+        entry = registry.entry(name)
+        env = entry.env if entry.env is not None else registry.make(name)[0]
+        assert isinstance(env, GameText), name
+    assert not isinstance(SokobanGame(), GameText)  # the dynamics alone have no text
+

@@ -221,6 +221,7 @@ def gradient_arms(study: Study) -> list[tuple[str, str, dict[str, str]]]:
                 arms.append((env, f"none-{algo}-ent{entropy}-kl{kl}", {
                     **STUDY_RUN, **FILTERS["none"], "algo.name": algo, "algo.entropy_coef": entropy,
                     "algo.kl_coef": kl, "grad_buckets": str(study.grad_buckets), "diagnostics.enabled": "false",
+                    "diagnostics.compute_freq": "5",  # the analysis's schedule
                     "train.val_every": "0", "train.steps": str(study.steps or GRADIENT_STEPS)}))
     return arms
 

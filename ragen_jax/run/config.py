@@ -307,6 +307,7 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
     step = _wrap("", lambda: StepConfig(
         rollout=settings.rollout.rollout_config(), filter=settings.filter, algo=settings.algo,
         diagnostics=settings.diagnostics.diagnostics_config(), grad_buckets=settings.grad_buckets,
+        grad_every=settings.diagnostics.compute_freq if settings.grad_buckets else 0,
         total_steps=settings.train.steps, reward_noise=settings.env.reward_noise))
     data, fsdp, tensor = _wrap("mesh", lambda: settings.mesh.shape(device_count))
     problem = rows_indivisible(step.rollout.batch, step.algo.mini_batch_size, data * fsdp)

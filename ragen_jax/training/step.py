@@ -59,8 +59,10 @@ class StepConfig:
     diagnostics: DiagnosticsConfig | None = None  # None: no MI metrics
     # Gradient analysis (docs/method.md#the-gradient-analysis, off by default): task vs
     # regularisation gradient norms in this many reward-std quantile buckets (the paper uses 6),
-    # on the diagnostics' schedule (step 1 and every `compute_freq` steps).
+    # at step 1 and every `grad_every` steps (the run config's `diagnostics.compute_freq`,
+    # whether or not the MI diagnostics are on).
     grad_buckets: int = 0
+    grad_every: int = 0
     # The run's length in train steps (`train.steps`): where `algo.lr_decay_fraction`'s decay ends.
     total_steps: int = 0
     # The chance a finished episode's reward reaches the learner replaced by a random one
@@ -78,12 +80,9 @@ class StepConfig:
         if self.grad_buckets < 0 or (self.grad_buckets and self.rollout.group_size < 2):
             raise ValueError(f"grad_buckets={self.grad_buckets} must be >= 0, and > 0 only with "
                              f"rollout.group_size >= 2 (got {self.rollout.group_size})")
-
-    @property
-    def compute_freq(self) -> int:
-        """Steps between diagnostics (and gradient analyses): the diagnostics config's
-        `compute_freq`, or `DiagnosticsConfig`'s default without one."""
-        return (self.diagnostics or DiagnosticsConfig()).compute_freq
+        if self.grad_buckets and self.grad_every < 1:
+            raise ValueError(f"grad_buckets={self.grad_buckets} runs every diagnostics.compute_freq steps, "
+                             f"which must be >= 1 (got {self.grad_every})")
 
 
 @struct.dataclass
@@ -139,7 +138,7 @@ def train_step(setup: StepSetup, state: TrainState, codec: TextCodec, prompt: Pr
         mi, diagnostics = mi_diagnostics(setup, state, policy, traj, k_diag)
         metrics.update(mi)
     if cfg.grad_buckets:
-        metrics.update(on_schedule(cfg, state, lambda: gradient_analysis(setup, state, traj)))
+        metrics.update(on_schedule(cfg.grad_every, state, lambda: gradient_analysis(setup, state, traj)))
 
     # 3-5. filter, advantages, update
     state, update_metrics = update_step(setup, state.replace(key=key, diagnostics=diagnostics), traj, k_update)
@@ -190,11 +189,11 @@ def play_rollout(setup: StepSetup, policy_state, key, codec, prompt) -> Trajecto
         cfg.batch, setup.mesh)
 
 
-def on_schedule(config: StepConfig, state: TrainState, compute, carried=None):
-    """Run `compute` (-> metrics dict, or (metrics, carried)) at step 1 and every
-    compute_freq steps; otherwise NaN metrics and `carried` unchanged."""
+def on_schedule(every: int, state: TrainState, compute, carried=None):
+    """Run `compute` (-> metrics dict, or (metrics, carried)) at step 1 and every `every`
+    steps; otherwise NaN metrics and `carried` unchanged."""
     step = state.step + 1  # 1-based index of the step being run
-    run = (step == 1) | (step % config.compute_freq == 0)
+    run = (step == 1) | (step % every == 0)
     shapes = jax.eval_shape(compute)
     nan = lambda tree: jax.tree.map(lambda v: jnp.full(v.shape, jnp.nan, v.dtype), tree)
     skip = (lambda: (nan(shapes[0]), carried)) if isinstance(shapes, tuple) else (lambda: nan(shapes))
@@ -206,7 +205,7 @@ def mi_diagnostics(setup: StepSetup, state: TrainState, policy, traj: Trajectori
     cfg = setup.config
     compute = lambda: diagnose(policy, traj, key, cfg.diagnostics, state.diagnostics,
                                group_size=cfg.rollout.group_size, mesh=setup.mesh)
-    return on_schedule(cfg, state, compute, state.diagnostics)
+    return on_schedule(cfg.diagnostics.compute_freq, state, compute, state.diagnostics)
 
 
 def gradient_analysis(setup: StepSetup, state: TrainState, traj: Trajectories):

@@ -429,10 +429,10 @@ def test_gradient_arms_set_the_regularisers_and_measure_every_five_steps():
                                            "none-grpo-ent0.001-kl0.01", "none-grpo-ent0.01-kl0.1"]
     for env, _, overrides in arms:
         step = built(env, overrides)
-        assert step.grad_buckets == 6 and step.diagnostics is None and step.compute_freq == 5
+        assert step.grad_buckets == 6 and step.diagnostics is None and step.grad_every == 5
         assert (step.algo.entropy_coef, step.algo.kl_coef) in ((0.001, 0.01), (0.01, 0.1))
         assert step.filter.strategy == "none" and step.total_steps == 50
-        assert step.rollout.num_groups * (step.total_steps // step.compute_freq + 1) / 6 >= 32  # groups per bucket
+        assert step.rollout.num_groups * (step.total_steps // step.grad_every + 1) / 6 >= 32  # groups per bucket
 
 
 def fake_run(workdir, steps, records):

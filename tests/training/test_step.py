@@ -558,7 +558,7 @@ def test_diagnostics_and_gradient_analysis_run_at_step_one_and_every_compute_fre
     small = dataclasses.replace(ROLLOUT, num_groups=2, max_turns=1, max_new_tokens=8)
     config = StepConfig(rollout=small, filter=FilterConfig(strategy="none"),
                         algo=AlgoConfig.preset("grpo", mini_batch_size=4, entropy_coef=0.01), grad_buckets=2,
-                        diagnostics=DiagnosticsConfig(compute_freq=2, num_samples=4, per_turn_samples=2))
+                        grad_every=2, diagnostics=DiagnosticsConfig(compute_freq=2, num_samples=4, per_turn_samples=2))
     tr = Trainer(config, model, env, params, codec, prompt)
     warm = nnx.clone(model)
     nnx.update(warm, jax.device_put(nnx.state(warm), jax.devices()[0]))

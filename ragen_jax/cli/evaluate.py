@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def validate_with_diagnostics(exp, eval_config) -> tuple[dict, object]:
     """Validation of the experiment's current policy on `eval_config`'s levels, with the first
     turn's MI diagnostics (scored as the run scores them) and, for templated reasoning, the
     board-reading shares; returns the metrics (python floats) and the trajectories on the host."""
-    from ragen_jax.diagnostics.diagnose import DiagnosticsState, diagnose, evaluation_config
+    from ragen_jax.diagnostics.diagnose import DiagnosticsState, evaluation_config
     from ragen_jax.models.stacking import for_inference
     from ragen_jax.training.validation import Validator
 
@@ -77,7 +78,7 @@ def validate_with_diagnostics(exp, eval_config) -> tuple[dict, object]:
     d = exp.run.settings.diagnostics
     mi_config = evaluation_config(eval_config.num_envs * eval_config.samples_per_env, d.score_rows, d.span_buckets)
     with sharding.tracing_on(exp.mesh):
-        mi, _ = jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))(
+        mi, _ = _diagnose_compiled()(
             for_inference(exp.model), traj, jax.random.key(eval_config.seed), mi_config, DiagnosticsState.create(),
             group_size=eval_config.samples_per_env, mesh=exp.mesh)
     metrics.update({k: float(v) for k, v in mi.items() if k.startswith("mi/first_turn/")
@@ -85,6 +86,15 @@ def validate_with_diagnostics(exp, eval_config) -> tuple[dict, object]:
     traj = distributed.to_host(traj)  # rows live on every process's devices (a collective)
     metrics.update(reasoning_check.validation_metrics(traj, exp.tokenizer, exp.env, exp.env_params))  # templates only
     return metrics, traj
+
+
+@functools.cache
+def _diagnose_compiled():
+    """`diagnose` jitted once per process, so validations of other levels or weights (e.g.
+    benchmarks/grounding_mi.py's batches) reuse its compilation."""
+    from ragen_jax.diagnostics.diagnose import diagnose
+
+    return jax.jit(diagnose, static_argnames=("config", "group_size", "mesh"))
 
 
 def write_results(workdir: Path, result: dict, trajectories: str) -> None:

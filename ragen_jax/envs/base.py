@@ -10,7 +10,8 @@ the move, so the reading is the game.
 """
 
 from ragen_jax.envs.game import Game, Info, is_valid_action, keep_where
-from ragen_jax.envs.text_view import AnswerSteps, TextAnswerView, TextView, format_cells
+from ragen_jax.envs.coordinates import format_cells
+from ragen_jax.envs.text_view import AnswerSteps, TextAnswerView, TextView
 
 __all__ = ["AnswerSteps", "Environment", "Game", "Info", "TextAnswerEnvironment", "TextAnswerView", "TextView",
            "format_cells", "is_valid_action", "keep_where"]

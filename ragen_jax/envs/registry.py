@@ -18,7 +18,7 @@ from ragen_jax.envs.countdown import COUNTDOWN, CountdownParams
 from ragen_jax.envs.frozenlake import FROZENLAKE, FrozenLakeParams
 from ragen_jax.envs.qa import make_qa
 from ragen_jax.envs.sokoban import LARGER_SOKOBAN, SIMPLE_SOKOBAN, SOKOBAN
-from ragen_jax.envs.text_view import RENDER_FORMATS
+from ragen_jax.envs.coordinates import RENDER_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)

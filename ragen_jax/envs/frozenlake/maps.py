@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ragen_jax.envs.text_view import RENDER_FORMATS
+from ragen_jax.envs.coordinates import RENDER_FORMATS
 
 DESC_LETTERS = "SFHG"
 

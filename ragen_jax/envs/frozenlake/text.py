@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.envs.frozenlake.maps import FrozenLakeParams, FrozenLakeState
-from ragen_jax.envs.text_view import RENDER_FORMATS, TextView, cell_mask, moves_into
+from ragen_jax.envs.coordinates import RENDER_FORMATS, cell_mask
+from ragen_jax.envs.text_view import TextView, moves_into
 
 
 class FrozenLakeText(TextView):

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import struct
 
-from ragen_jax.envs.text_view import RENDER_FORMATS
+from ragen_jax.envs.coordinates import RENDER_FORMATS
 
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER = 0, 1, 2, 3, 4, 5
 PLAYER_ON_TARGET = 6  # only in symbol grids: gym-sokoban draws it from room_fixed

@@ -14,7 +14,8 @@ from ragen_jax.envs.sokoban.board import (
     SokobanParams,
     SokobanState,
 )
-from ragen_jax.envs.text_view import RENDER_FORMATS, TextView, cell_mask, format_cells, moves_into
+from ragen_jax.envs.coordinates import RENDER_FORMATS, cell_mask, format_cells
+from ragen_jax.envs.text_view import TextView, moves_into
 
 
 class SokobanText(TextView):

@@ -80,6 +80,6 @@ def validation_metrics(traj, tokenizer, env, env_params) -> dict[str, float]:
     (e.g. `distributed.to_host` of a validation's) played in `env`, or {} when no turn states a
     fact the game grades (the template is not in use)."""
     scores = reading_scores((grades, out) for *_, grades, out in graded_turns(traj, tokenizer, env, env_params))
-    if len(scores) == 2:  # only the turn count and the answers' share: no fact stated
+    if not any(name.endswith("_stated") for name in scores):  # no turn stated a fact
         return {}
     return {f"reasoning/{k}": float(share) for k, share in scores.items() if k != "turns"}

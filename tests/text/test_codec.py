@@ -94,6 +94,19 @@ def test_coordinate_lines_in_the_graph_equal_encode(tokenizer):
     assert TextCodec.build(tokenizer, env, 2, env_params=params.replace(render_format="grid")).env_tables == {}
 
 
+def test_coordinate_tables_refuse_a_tokenizer_that_merges_across_cells(builtin_tokenizer):
+    """A tokenizer reading "), (" as one piece would make the joined pieces differ from encode."""
+    from ragen_jax.envs.coordinates import coordinate_tables
+
+    class Merging(_MergingTokenizer):
+        def encode(self, text, add_special_tokens=False):
+            return self.tok.encode(text.replace("), (", ")_("), add_special_tokens=add_special_tokens)
+
+    assert "coord_items" in coordinate_tables(builtin_tokenizer, (6, 6), ("Targets", "Player"), ("#", "_"))
+    with pytest.raises(ValueError, match=r"merges tokens across the pieces of the coordinate lines 'Targets: \(5, 5"):
+        coordinate_tables(Merging(builtin_tokenizer), (6, 6), ("Targets", "Player"), ("#", "_"))
+
+
 def test_coordinate_lines_need_the_codec_of_their_params(builtin_tokenizer, codecs):
     env, params, state = coordinate_cases()[0]
     with pytest.raises(ValueError, match=r"render_format='grid_coord' needs the codec built with these env params"):

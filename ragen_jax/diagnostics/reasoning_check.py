@@ -47,9 +47,9 @@ def graded_turns(traj, tokenizer, env, env_params) -> Iterable[tuple[int, int, A
     in host-side `traj`."""
     from ragen_jax.rollout.render import turn_outputs
 
-    states = jax.device_get(traj.turn_states)
-    for b, t, output in turn_outputs(traj, tokenizer):
-        shown = jax.tree.map(lambda x: x[b, t], states)
+    host = jax.device_get(traj)  # once, for the outputs and the states
+    for b, t, output in turn_outputs(host, tokenizer):
+        shown = jax.tree.map(lambda x: x[b, t], host.turn_states)
         yield b, t, shown, env.grade_reasoning(shown, env_params, output), output
 
 

@@ -8,7 +8,6 @@ import numpy as np
 from ragen_jax.envs.sokoban.board import (
     BOX,
     BOX_ON_TARGET,
-    PLAYER,
     TARGET,
     WALL,
     SokobanParams,
@@ -41,12 +40,12 @@ class SokobanText(TextView):
                        name_blocked: bool = False) -> str:
         """Where the player, the boxes and the targets are (and with `name_blocked` the moves
         into a wall: "…, walls: Up, Right. I move …"), and the moves."""
-        fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
+        targets, boxes, _ = (format_cells(np.asarray(mask)) for mask, _ in self.coordinate_cells(state, params))
         player = tuple(int(x) for x in np.asarray(state.player))
-        boxes = format_cells((room == BOX) | (room == BOX_ON_TARGET))
-        seen = f"Player {player}, box {boxes}, target {format_cells(fixed == TARGET)}"
+        seen = f"Player {player}, box {boxes}, target {targets}"
         if name_blocked:
-            seen += f", walls: {', '.join(moves_into(fixed == WALL, player, self.action_names)) or 'none'}"
+            walls = np.asarray(state.room_fixed) == WALL
+            seen += f", walls: {', '.join(moves_into(walls, player, self.action_names)) or 'none'}"
         return f"{seen}. I move {' then '.join(moves)}."
 
     def grade_reasoning(self, state: SokobanState, params: SokobanParams, reasoning: str):

@@ -114,12 +114,13 @@ def main(argv=None) -> int:
     try:
         config = build_config(args.tiny, args.model, dict(item.split("=", 1) for item in args.set))
         exp = make_experiment(config, jax.devices()[:1])
+        started = time.perf_counter()
+        exp = exp.for_training()  # algo.micro_batch_size=auto: chosen here (compiles)
+        auto_s = time.perf_counter() - started
     except (config_lib.ConfigError, ValueError) as err:
         parser.error(str(err).splitlines()[0])
     device = jax.devices()[0]
-    started = time.perf_counter()
-    trainer = exp.trainer()  # algo.micro_batch_size=auto: chosen here (compiles)
-    auto_s = time.perf_counter() - started
+    trainer = exp.trainer()
     layout = buffer_layout(exp.env, exp.env_params, exp.codec, exp.prompt, exp.run.step.rollout)
     flops = planner.analytic_flops(exp.model.cfg, exp.run.step, layout)
     diagnostics_flops = planner.diagnostics_flops(exp.model.cfg, exp.run.step.diagnostics, exp.run.step.rollout, layout)

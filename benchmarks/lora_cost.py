@@ -32,7 +32,7 @@ def measure(config, steps: int) -> dict:
     import jax
     from ragen_jax.run.experiment import make_experiment
 
-    exp = make_experiment(config)
+    exp = make_experiment(config, training=True)
     trainer = exp.trainer()
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
     trained = trainer.setup.learner.opt_params(state.policy)

@@ -24,7 +24,7 @@ def measure(config, steps: int) -> dict:
     from ragen_jax.core import sharding
     from ragen_jax.run.experiment import make_experiment
 
-    exp = make_experiment(config)
+    exp = make_experiment(config, training=True)
     trainer = exp.trainer()
     state = trainer.init_state(jax.random.key(config.seed), exp.model)
     with sharding.tracing_on(exp.mesh):

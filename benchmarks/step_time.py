@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from ragen_jax.run.experiment import make_experiment
 
     try:
-        exp = make_experiment(config)
+        exp = make_experiment(config, training=True)
         trainer = exp.trainer()
     except ValueError as err:
         parser.error(str(err).splitlines()[0])

@@ -1,7 +1,9 @@
 """From a config to the objects a run needs: env, tokenizer, model, text tables, mesh, trainer.
 
 Shared by the train, evaluate and export commands, so all three see the same model and text
-for the same config. Nothing here compiles; bad paths raise one-line errors.
+for the same config. Nothing here compiles but the choice of an "auto" micro-batch, which a
+training experiment makes once, before anything reads its config; bad paths raise one-line
+errors.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from ragen_jax.run.config import ConfigError, RunConfig, build, read_saved, with
 from ragen_jax.run.schema import ModelSection
 from ragen_jax.text.codec import TextCodec
 from ragen_jax.text.prompt import PromptTemplate
-from ragen_jax.training.step import Trainer
+from ragen_jax.training.step import Trainer, resolve_micro_batch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     run: RunConfig
     env: Any
@@ -41,14 +43,18 @@ class Experiment:
     mesh: jax.sharding.Mesh | None
 
     def trainer(self) -> Trainer:
-        """The run's `Trainer`. With algo.micro_batch_size="auto" building it chooses the number
-        (compiles, `training.micro_batch`), and `run` then holds that number, the one config.json
-        records."""
-        trainer = Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
-        chosen = trainer.config.algo.micro_batch_size
-        if chosen != self.run.step.algo.micro_batch_size:
-            self.run = with_micro_batch(self.run, chosen)
-        return trainer
+        """The run's `Trainer` (its micro-batch a number: see `for_training`)."""
+        return Trainer(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+
+    def for_training(self) -> Experiment:
+        """This experiment with an algo.micro_batch_size="auto" replaced by the number chosen for
+        its model and mesh (compiles; `resolve_micro_batch`): the number its step compiles with
+        and config.json records. A number already set: this experiment."""
+        step = resolve_micro_batch(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt,
+                                   self.mesh)
+        if step.algo.micro_batch_size == self.run.step.algo.micro_batch_size:
+            return self
+        return dataclasses.replace(self, run=with_micro_batch(self.run, step.algo.micro_batch_size))
 
 
 def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:
@@ -139,8 +145,9 @@ def _lora_run(config: dict) -> bool:
     return bool(((config.get("model") or {}).get("lora") or {}).get("rank"))
 
 
-def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None) -> Experiment:
-    """The run's objects on `devices` (all by default); a ConfigDict is built first (`build`)."""
+def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None, training: bool = False) -> Experiment:
+    """The run's objects on `devices` (all by default); a ConfigDict is built first (`build`).
+    `training`: an algo.micro_batch_size="auto" is chosen now (`Experiment.for_training`)."""
     devices = list(devices if devices is not None else jax.devices())
     run = config if isinstance(config, RunConfig) else build(config, len(devices))
     mesh = None if run.mesh_shape == (1, 1, 1) else sharding.make_mesh(run.mesh_shape, devices)
@@ -152,7 +159,8 @@ def make_experiment(config: RunConfig | ml_collections.ConfigDict, devices=None)
         prompt = PromptTemplate.build(tokenizer, env, per_turn)
     except ValueError as err:
         raise ConfigError(f"the tokenizer cannot render {run.env_name}: {str(err).splitlines()[0]}") from None
-    return Experiment(run, env, env_params, tokenizer, codec, prompt, model, mesh)
+    exp = Experiment(run, env, env_params, tokenizer, codec, prompt, model, mesh)
+    return exp.for_training() if training else exp
 
 
 def restore_run(workdir, step: int | None = None, devices=None) -> tuple[Experiment, int]:

@@ -258,10 +258,11 @@ def train(config, workdir: Path, devices=None) -> int:
     run = config_lib.build(config, len(devices or jax.devices()))  # validate before anything heavy
     run = keep_saved_micro_batch(workdir, run)
     check_workdir(workdir, run)
-    exp = make_experiment(run, devices)  # loads the model: bad paths fail before any write
+    # loads the model (bad paths fail before any write) and chooses an "auto" micro-batch
+    exp = make_experiment(run, devices, training=True)
+    run = exp.run  # the config the step compiles with and config.json records
     lead = distributed.is_lead()  # process 0 writes config, logs and messages
     trainer = exp.trainer()
-    run = exp.run  # an "auto" micro-batch is now a number: what config.json records
     train_settings = run.settings.train
     m = run.settings.model  # a LoRA run's checkpoints name the base they belong to
     checkpoints = Checkpoints(workdir, keep=train_settings.keep_checkpoints,

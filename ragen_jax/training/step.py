@@ -279,43 +279,23 @@ class Trainer:
 
     def __init__(self, config: StepConfig, policy: Decoder, env: Environment, env_params: Any, codec: TextCodec,
                  prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None):
+        if config.algo.micro_batch_size == AUTO:
+            raise ValueError('algo.micro_batch_size="auto" is chosen before the Trainer is built: pass the config '
+                             "through resolve_micro_batch first")
         self.config, self.env, self.env_params, self.codec, self.prompt, self.mesh = (
             config, env, env_params, codec, prompt, mesh)
-        self._critic_shape = None  # the critic as ShapeDtypeStructs (PPO)
-        if config.algo.uses_critic:
-            self._critic_shape = nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0)))
+        self._critic_shape = critic_shape(config, policy)  # the critic as ShapeDtypeStructs (PPO)
         problem = sharding.rows_indivisible(config.rollout.batch, config.algo.mini_batch_size,
                                             sharding.row_shards(mesh))
         if problem:
             raise ValueError(problem)
-        learner = update.Learner(
-            policy_graph=nnx.graphdef(policy),
-            critic_graph=None if self._critic_shape is None else nnx.graphdef(self._critic_shape),
-            actor_tx=optimizer(config.algo.actor_lr, config.algo),
-            critic_tx=optimizer(config.algo.critic_lr, config.algo), algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
-            rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0,
-            dropout=policy.cfg.lora.has_dropout)
-        if config.algo.micro_batch_size == AUTO:  # chosen now, once: the step compiles with a number
-            config = self._resolve_micro_batch(config, learner, policy)
-            learner = dataclasses.replace(learner, algo=config.algo)
-            self.config = config
+        learner = make_learner(config, policy, self._critic_shape, mesh)
         self.setup = StepSetup(config=config, env=env, env_params=env_params, learner=learner, mesh=mesh)
         self.step_fn = functools.partial(train_step, self.setup)
         self.compiled_step = self._compile(self.step_fn)
         self.step = lambda state: self.compiled_step(state, self.codec, self.prompt)
         self.update = self._compile(functools.partial(update_step, self.setup))
         self._rollout = jax.jit(functools.partial(play_rollout, self.setup))
-
-    def _resolve_micro_batch(self, config: StepConfig, learner: update.Learner, policy: Decoder) -> StepConfig:
-        """`config` with algo.micro_batch_size="auto" replaced by the largest micro-batch that fits
-        the device beside the train state (`micro_batch.resolve`)."""
-        layout = buffer_layout(self.env, self.env_params, self.codec, self.prompt, config.rollout)
-        state = abstract_state(config, learner, policy, self._critic_shape, self.mesh)
-        resident = sharding.device_bytes((state.policy, state.policy_opt, state.critic, state.critic_opt,
-                                          state.reference))
-        algo = micro_batch.resolve(config.algo, policy, layout.length, layout.turns * layout.generation, self.mesh,
-                                   resident)
-        return dataclasses.replace(config, algo=algo)
 
     def abstract_state(self, policy: Decoder) -> TrainState:
         """What `init_state(key, policy)` makes, as ShapeDtypeStructs carrying its shardings
@@ -372,6 +352,38 @@ class Trainer:
                 return compiled.jitted(state, *args)
 
         return compiled
+
+
+def critic_shape(config: StepConfig, policy: Decoder):
+    """PPO's critic as ShapeDtypeStructs (built like the policy, nothing allocated); None without one."""
+    if not config.algo.uses_critic:
+        return None
+    return nnx.eval_shape(lambda: ValueModel(policy.cfg, rngs=nnx.Rngs(0)))
+
+
+def make_learner(config: StepConfig, policy: Decoder, critic, mesh) -> update.Learner:
+    """The update's static parts: the models' graphs, the optimisers, the algorithm's numbers."""
+    return update.Learner(
+        policy_graph=nnx.graphdef(policy), critic_graph=None if critic is None else nnx.graphdef(critic),
+        actor_tx=optimizer(config.algo.actor_lr, config.algo), critic_tx=optimizer(config.algo.critic_lr, config.algo),
+        algo=config.algo, temperature=config.rollout.sampling.temperature or 1.0,
+        rows=sharding.rows_constraint(mesh), lora=policy.cfg.lora.rank > 0, dropout=policy.cfg.lora.has_dropout)
+
+
+def resolve_micro_batch(config: StepConfig, policy: Decoder, env: Environment, env_params: Any, codec: TextCodec,
+                        prompt: PromptTemplate, mesh: jax.sharding.Mesh | None = None) -> StepConfig:
+    """`config` with algo.micro_batch_size="auto" replaced by the largest micro-batch whose
+    compiled forward+backward fits the device beside the train state (`micro_batch.resolve`;
+    compiles); a config with a number comes back as it is. Done once, before the `Trainer`:
+    the step compiles with a number and the run records it."""
+    if config.algo.micro_batch_size != AUTO:
+        return config
+    critic = critic_shape(config, policy)
+    state = abstract_state(config, make_learner(config, policy, critic, mesh), policy, critic, mesh)
+    resident = sharding.device_bytes((state.policy, state.policy_opt, state.critic, state.critic_opt, state.reference))
+    layout = buffer_layout(env, env_params, codec, prompt, config.rollout)
+    algo = micro_batch.resolve(config.algo, policy, layout.length, layout.turns * layout.generation, mesh, resident)
+    return dataclasses.replace(config, algo=algo)
 
 
 def fresh_state(config: StepConfig, learner: update.Learner, key: jax.Array, policy_state: nnx.State,

@@ -17,7 +17,7 @@ from ragen_jax.run import config as config_lib
 from ragen_jax.run import loop
 from ragen_jax.run.experiment import make_experiment
 from ragen_jax.training import micro_batch
-from ragen_jax.training.step import StepConfig, Trainer
+from ragen_jax.training.step import StepConfig, Trainer, resolve_micro_batch
 
 from agent_setup import step_parts
 from commands import CONFIG, SMALL
@@ -34,7 +34,9 @@ def parts():
 def auto_trainer(parts, gib):
     env, params, codec, prompt, model = parts
     algo = AlgoConfig.preset("grpo", mini_batch_size=8, micro_batch_size="auto", micro_batch_memory_gib=gib)
-    return Trainer(StepConfig(rollout=ROLLOUT, filter=FilterConfig(), algo=algo), model, env, params, codec, prompt)
+    config = resolve_micro_batch(StepConfig(rollout=ROLLOUT, filter=FilterConfig(), algo=algo), model, env, params,
+                                 codec, prompt)
+    return Trainer(config, model, env, params, codec, prompt)
 
 
 def forward_backward_bytes(parts, rows):
@@ -138,10 +140,13 @@ def test_the_run_records_the_number_and_a_resumed_run_keeps_it(tmp_path, capsys)
     overrides = config_lib.split_overrides(SMALL, None)
     overrides.update({"algo.micro_batch_size": "auto", "algo.micro_batch_memory_gib": "1000"})
     run = config_lib.build(config_lib.apply_overrides(config, overrides), 1)
-    exp = make_experiment(run)
+    assert make_experiment(run).run is run  # evaluating or exporting: nothing chosen, nothing compiled
+    exp = make_experiment(run, training=True)
     trainer = exp.trainer()
     chosen = trainer.config.algo.micro_batch_size
     assert chosen == 4 and exp.run.step.algo == trainer.config.algo  # SMALL's minibatch of 4, all of it
+    assert run.step.algo.micro_batch_size == "auto"  # the built config itself is left as it was
+    assert exp.for_training() is exp
     loop.write_config(tmp_path, exp.run)
     assert json.loads((tmp_path / "config.json").read_text())["algo"]["micro_batch_size"] == chosen
     # the same command again on the workdir (with checkpoints): the saved number, no search, no refusal
@@ -152,3 +157,11 @@ def test_the_run_records_the_number_and_a_resumed_run_keeps_it(tmp_path, capsys)
     # another memory figure does not stop the resume either: the number is what matters
     assert "algo.micro_batch_memory_gib" in config_lib.RESUMABLE_KEYS
     assert loop.keep_saved_micro_batch(tmp_path / "fresh", run).step.algo.micro_batch_size == "auto"
+
+
+def test_a_trainer_takes_a_number_only(parts):
+    """The choice happens once, before the Trainer: given "auto" it refuses in one line."""
+    env, params, codec, prompt, model = parts
+    algo = AlgoConfig.preset("grpo", mini_batch_size=8, micro_batch_size="auto")
+    with pytest.raises(ValueError, match="resolve_micro_batch"):
+        Trainer(StepConfig(rollout=ROLLOUT, filter=FilterConfig(), algo=algo), model, env, params, codec, prompt)

@@ -18,7 +18,7 @@ from ragen_jax.rollout.play import RolloutConfig, rollout
 from ragen_jax.rollout.policies import model_policy
 from ragen_jax.core.sharding import device_bytes
 from ragen_jax.training import micro_batch
-from ragen_jax.training.step import StepConfig, Trainer
+from ragen_jax.training.step import StepConfig, Trainer, resolve_micro_batch
 
 from agent_setup import step_parts, tiny_model
 
@@ -67,8 +67,9 @@ def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
     name = algo.pop("name", "ppo")
     total_steps = algo.pop("total_steps", 0)
     algo = AlgoConfig.preset(name, **{"mini_batch_size": 4, "actor_lr": 1e-3, "critic_lr": 1e-3, **algo})
-    return Trainer(StepConfig(rollout=rollout_config, filter=filt, algo=algo, total_steps=total_steps), model, env,
-                   params, codec, prompt, mesh)
+    config = StepConfig(rollout=rollout_config, filter=filt, algo=algo, total_steps=total_steps)
+    return Trainer(resolve_micro_batch(config, model, env, params, codec, prompt, mesh), model, env, params, codec,
+                   prompt, mesh)
 
 
 def params_of(state):

@@ -91,6 +91,12 @@ def test_the_whole_step_compiles_and_takes_the_train_state_as_arguments():
     assert result.step["peak"] >= result.step["argument"]
     s = result.step  # on the CPU the peak is the parts' sum (XLA CPU's own peak leaves temporaries out)
     assert s["peak"] == s["argument"] + s["output"] - s["alias"] + s["temp"]
+    # its compile time in two parts, as the report prints them
+    t = result.seconds
+    assert t["train step: tracing to HLO"] > 0 and t["train step: XLA compiler"] > 0
+    assert t["train step: tracing to HLO"] + t["train step: XLA compiler"] == pytest.approx(t["train step"])
+    assert (f"compiled ({t['train step']:.0f} s: {t['train step: tracing to HLO']:.0f} s tracing to HLO, "
+            f"{t['train step: XLA compiler']:.0f} s in XLA's compiler)") in planner.report(result)
 
 
 @pytest.mark.parametrize("args, message", [

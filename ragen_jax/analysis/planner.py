@@ -465,8 +465,9 @@ def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
     import jax
 
     from ragen_jax.core import sharding
-    from ragen_jax.run.config import ConfigError, build, with_micro_batch
-    from ragen_jax.training.step import Trainer, resolve_micro_batch
+    from ragen_jax.run.config import ConfigError, build
+    from ragen_jax.run.experiment import resolved_micro_batch
+    from ragen_jax.training.step import Trainer
 
     devices = list(devices if devices is not None else jax.devices())
     if mesh_shape is not None:
@@ -489,9 +490,7 @@ def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
     mesh = sharding.make_mesh(run.mesh_shape, devices)
     env, env_params, codec, prompt = _text_setup(run, cfg)
     model = abstract_model(cfg)
-    chosen = resolve_micro_batch(run.step, model, env, env_params, codec, prompt, mesh).algo.micro_batch_size
-    if chosen != run.step.algo.micro_batch_size:  # "auto": the number the step compiles with
-        run = with_micro_batch(run, chosen)
+    run = resolved_micro_batch(run, model, env, env_params, codec, prompt, mesh)  # "auto": the number it compiles with
     trainer = Trainer(run.step, model, env, env_params, codec, prompt, mesh)
     return cfg, name, mesh, trainer, buffer_layout(env, env_params, codec, prompt, run.step.rollout), run
 

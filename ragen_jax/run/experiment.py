@@ -50,11 +50,18 @@ class Experiment:
         """This experiment with an algo.micro_batch_size="auto" replaced by the number chosen for
         its model and mesh (compiles; `resolve_micro_batch`): the number its step compiles with
         and config.json records. A number already set: this experiment."""
-        step = resolve_micro_batch(self.run.step, self.model, self.env, self.env_params, self.codec, self.prompt,
-                                   self.mesh)
-        if step.algo.micro_batch_size == self.run.step.algo.micro_batch_size:
-            return self
-        return dataclasses.replace(self, run=with_micro_batch(self.run, step.algo.micro_batch_size))
+        run = resolved_micro_batch(self.run, self.model, self.env, self.env_params, self.codec, self.prompt, self.mesh)
+        return self if run is self.run else dataclasses.replace(self, run=run)
+
+
+def resolved_micro_batch(run: RunConfig, model, env, env_params, codec, prompt, mesh) -> RunConfig:
+    """`run` with an algo.micro_batch_size="auto" replaced by the number chosen for this model
+    (real or abstract) and mesh (`training.step.resolve_micro_batch`, which compiles), in its step
+    config and in the values config.json records; `run` itself when it holds a number."""
+    step = resolve_micro_batch(run.step, model, env, env_params, codec, prompt, mesh)
+    if step.algo.micro_batch_size == run.step.algo.micro_batch_size:
+        return run
+    return with_micro_batch(run, step.algo.micro_batch_size)
 
 
 def load_model(m: ModelSection, seed: int, mesh) -> tuple[Decoder, Any]:

@@ -90,3 +90,17 @@ def test_the_smollm2_configs_find_the_packaged_model():
     paper = config_lib.build(paper, device_count=8).step.rollout
     assert (paper.num_groups, paper.group_size, paper.max_turns, paper.max_new_tokens) == (8, 16, 5, 120)
     assert config_lib.load_config_file(str(ROOT / "configs" / "sokoban_smollm2_paper.py")).model.dtype == "bfloat16"
+
+
+def test_the_7b_v5e8_config_is_the_paper_setting_with_lora_over_fsdp_4_and_tensor_2():
+    """The setting the TPU compiler fits on a v5e-8 (docs/scaling.md): the 3B config's paper
+    setting with LoRA rank 16 and the tensor axis 2, nothing else changed."""
+    seven = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_7b_v5e8.py"))
+    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")),
+                                       {"model.lora.rank": "16", "mesh.tensor": "2"})
+    for config in (seven, paper):
+        config.model.path = "/checkpoint/of/the/user"
+    built = config_lib.build(seven, device_count=8)
+    assert built.mesh_shape == (1, 4, 2) and built.step.algo.name == "ppo"
+    assert built.settings.model.lora.rank == 16
+    assert config_lib.differences(config_lib.build(paper, device_count=8).values, built.values) == []

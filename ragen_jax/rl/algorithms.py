@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from ragen_jax.rl.losses import AGGREGATIONS, KL_ESTIMATORS
+from ragen_jax.rl.rounding import WEIGHT_ROUNDINGS
 
 AUTO = "auto"  # algo.micro_batch_size: the largest micro-batch that fits the device
 ALGORITHMS = ("ppo", "grpo", "drgrpo", "dapo")
@@ -58,6 +59,10 @@ class AlgoConfig:
     # Adam's two moments stored in each parameter's dtype ("param") or in bfloat16 (half the
     # optimiser's memory for float32 weights; the update itself is computed in float32)
     adam_moments: str = "param"
+    # how an update is added to bfloat16 weights (`model.param_dtype=bfloat16`): "nearest", or
+    # "stochastic" so that steps below a weight's precision still move it on average
+    # (ragen_jax/rl/rounding.py); float32 weights are rounded to nearest either way
+    weight_rounding: str = "nearest"
     lr_decay_fraction: float = 0.0  # the last part of the run over which both rates fall linearly to 0 (0: none)
     value_clip: float = 0.5
     mini_batch_size: int = 32  # trajectories per optimiser step
@@ -78,7 +83,8 @@ class AlgoConfig:
                 if getattr(self, field) is None:
                     object.__setattr__(self, field, value)
         for field, allowed in (("name", ALGORITHMS), ("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
-                               ("kl_estimator", KL_ESTIMATORS), ("adam_moments", ADAM_MOMENTS)):
+                               ("kl_estimator", KL_ESTIMATORS), ("adam_moments", ADAM_MOMENTS),
+                               ("weight_rounding", WEIGHT_ROUNDINGS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"algo.{field}={value!r} is not supported; allowed: {', '.join(allowed)}")

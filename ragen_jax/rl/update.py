@@ -20,7 +20,7 @@ from flax import nnx, struct
 
 from ragen_jax.models import lora as lora_lib
 from ragen_jax.rl import advantages as adv
-from ragen_jax.rl import filtering, losses
+from ragen_jax.rl import filtering, losses, rounding
 from ragen_jax.rl.algorithms import AlgoConfig
 from ragen_jax.rl.batch import Batch, critic_values, policy_logprobs
 
@@ -108,12 +108,12 @@ class Models:
 
 
 def optimise(learner: Learner, filter_config: filtering.FilterConfig, models: Models, batch: Batch, kept_rows,
-             loss_scale, lr_factor, dropout_key=None) -> tuple[Models, dict, jax.Array]:
+             loss_scale, lr_factor, dropout_key=None, rounding_key=None) -> tuple[Models, dict, jax.Array]:
     """The optimiser steps over the kept rows (first in `batch`): `filter.update` decides how
     many and which window of rows each trains on (a window of `mini_batch_size` rows whose rows
     past the window's end are masked). Returns the models after them, the statistics summed
     over the steps, and the steps run. `dropout_key` (with `learner.dropout`): step i's actor
-    folds in (i, 0), its critic (i, 1)."""
+    folds in (i, 0), its critic (i, 1); `rounding_key` (with stochastic weight rounding) the same."""
     algo, mb, total_rows = learner.algo, learner.algo.mini_batch_size, batch.loss_mask.shape[0]
     steps = filtering.update_steps(filter_config, kept_rows, total_rows, mb)
     zero_stats = {name: jnp.float32(0.0) for name in (*UPDATE_STATS, "update/micro_batches")}
@@ -128,13 +128,13 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, models: Mo
         # and every device computes the whole minibatch.
         mbatch = learner.rows(window.replace(loss_mask=window.loss_mask & in_step[:, None]))
         step_scale = filtering.step_loss_scale(filter_config, loss_scale, end - start, mb)
-        key = fold(dropout_key, i)
+        key, round_key = fold(dropout_key, i), fold(rounding_key, i)
         policy, policy_opt, stats = actor_step(learner, now.policy, now.policy_opt, models.reference, mbatch,
-                                               step_scale, lr_factor, fold(key, 0))
+                                               step_scale, lr_factor, fold(key, 0), fold(round_key, 0))
         now = now.replace(policy=policy, policy_opt=policy_opt)
         if algo.uses_critic:
             critic, critic_opt, critic_stats = critic_step(learner, now.critic, now.critic_opt, mbatch, lr_factor,
-                                                           fold(key, 1))
+                                                           fold(key, 1), fold(round_key, 1))
             now = now.replace(critic=critic, critic_opt=critic_opt)
             stats.update(critic_stats)
         totals = {k: totals[k] + stats.get(k, 0.0) for k in totals}
@@ -146,10 +146,12 @@ def optimise(learner: Learner, filter_config: filtering.FilterConfig, models: Mo
     return trained.replace(reference=models.reference), totals, iterations
 
 
-def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor, dropout_key=None):
+def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, lr_factor, dropout_key=None,
+               rounding_key=None):
     """One optimiser step of the policy on a minibatch: `losses.actor_loss` (the clipped policy
     loss times the filter's `scale`, minus the entropy bonus, plus the KL penalty to `reference`
-    when set). `dropout_key`: the LoRA dropout's (`accumulate` folds in each micro-batch), or None."""
+    when set). `dropout_key`: the LoRA dropout's (`accumulate` folds in each micro-batch), or None;
+    `rounding_key`: bfloat16 weights take the update rounded stochastically (`rounding`), or None."""
     algo, temperature = learner.algo, learner.temperature
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, algo.aggregation)
     token_count = jnp.maximum(mbatch.loss_mask.sum(), 1).astype(jnp.float32)
@@ -174,14 +176,14 @@ def actor_step(learner: Learner, params, opt, reference, mbatch: Batch, scale, l
 
     loss, aux, grads, micro_batches = accumulate(learner, loss_fn, train, mbatch, dropout_key)
     updates, opt = learner.actor_tx.update(grads, opt, train)
-    params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
+    params = whole(rounding.apply_updates(train, scaled(updates, lr_factor), rounding_key))
     return params, opt, {**aux, "actor/loss": loss, "actor/grad_norm": optax.global_norm(grads),
                          "update/micro_batches": micro_batches.astype(jnp.float32)}
 
 
-def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor, dropout_key=None):
+def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor, dropout_key=None, rounding_key=None):
     """One optimiser step of PPO's critic on a minibatch (clipped value loss, token mean);
-    `dropout_key` as `actor_step`'s."""
+    `dropout_key` and `rounding_key` as `actor_step`'s."""
     algo = learner.algo
     normaliser = losses.aggregation_normaliser(mbatch.loss_mask, "token-mean")
 
@@ -195,7 +197,7 @@ def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor, dropout
 
     loss, _, grads, _ = accumulate(learner, loss_fn, train, mbatch, dropout_key)
     updates, opt = learner.critic_tx.update(grads, opt, train)
-    params = whole(optax.apply_updates(train, scaled(updates, lr_factor)))
+    params = whole(rounding.apply_updates(train, scaled(updates, lr_factor), rounding_key))
     return params, opt, {"critic/vf_loss": loss, "critic/grad_norm": optax.global_norm(grads)}
 
 

@@ -161,11 +161,13 @@ def update_step(setup: StepSetup, state: TrainState, traj: Trajectories, key: ja
     lr_factor = lr_decay_factor(state.step, cfg.total_steps, cfg.algo.lr_decay_fraction)
 
     # 5. optimiser steps over the kept rows (a loop whose trip count depends on how many were kept);
-    # the LoRA dropout's key folded from the filter's, which stays as without dropout
+    # the LoRA dropout's and the stochastic rounding's keys folded from the filter's, which stays
+    # as without them
     dropout_key = jax.random.fold_in(key, 1) if learner.dropout else None
+    rounding_key = jax.random.fold_in(key, 2) if cfg.algo.weight_rounding == "stochastic" else None
     models = update.Models(state.policy, state.policy_opt, state.critic, state.critic_opt, state.reference)
     models, totals, iterations = update.optimise(learner, cfg.filter, models, batch, kept_rows, loss_scale,
-                                                 lr_factor, dropout_key)
+                                                 lr_factor, dropout_key, rounding_key)
 
     metrics.update(update_metrics(cfg.algo, batch, totals, iterations, kept_rows, loss_scale, lr_factor))
     empty = keep.sum() == 0

@@ -544,6 +544,42 @@ def test_bfloat16_adam_moments_follow_a_numpy_adamw_that_rounds_them():
         AlgoConfig.preset("grpo", adam_moments="float16")
 
 
+def test_stochastic_weight_rounding_lets_a_1e_6_step_move_bfloat16_weights(setup, trajectories):
+    """A GRPO update at the paper's rate (1e-6) on bfloat16 weights: rounded to nearest, no
+    weight above 0.01 in magnitude moves (the step is below its precision); with
+    `weight_rounding="stochastic"` some do, by one bfloat16 spacing, and the same key gives the
+    same weights. The rounding's statistics: tests/rl/test_rounding.py."""
+    from ragen_jax.models.config import DecoderConfig
+
+    from agent_setup import TEST_LAYERS
+
+    env, params, codec, prompt, _ = setup
+    model = init_model(DecoderConfig.preset("tiny", num_layers=TEST_LAYERS, param_dtype="bfloat16"),
+                       jax.random.key(0))
+
+    def trainer_for(rounding):
+        algo = AlgoConfig.preset("grpo", mini_batch_size=4, actor_lr=1e-6, weight_rounding=rounding)
+        return Trainer(StepConfig(rollout=ROLLOUT, filter=FilterConfig(strategy="none"), algo=algo), model, env,
+                       params, codec, prompt)
+
+    def updated(tr):
+        state, _ = tr.update(tr.init_state(jax.random.key(0), model), trajectories, jax.random.key(1))
+        return params_of(state)
+
+    before = np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(nnx.state(model))])
+    big = np.abs(before) > 0.01
+    assert big.sum() > 10_000
+    assert (updated(trainer_for("nearest"))[big] == before[big]).all()
+    tr = trainer_for("stochastic")
+    stochastic = updated(tr)
+    moved = stochastic[big] != before[big]
+    assert moved.mean() > 0.001, moved.mean()
+    spacing = 2.0 ** (np.floor(np.log2(np.abs(before[big]))) - 7)
+    # four optimiser steps (16 rows, minibatches of 4), each to a neighbouring bfloat16 value at most
+    assert (np.abs(stochastic[big] - before[big]) <= 4 * spacing).all()
+    np.testing.assert_array_equal(updated(tr), stochastic)
+
+
 # ----------------------------------------------------------------------------- diagnostics wiring
 
 

@@ -44,6 +44,8 @@ PLANS = {
     "3b-ppo-v5e-4-bf16moments-micro4": ("3B PPO", "every weight, FSDP, bfloat16 moments, micro-batch 4", S3,
                                         "v5e-4", [*M3, BF16_MOMENTS, MICRO4]),
     "3b-ppo-v5e-4-lora": ("3B PPO", "LoRA rank 16, FSDP", S3, "v5e-4", [*M3, LORA]),
+    "3b-ppo-v5e-4-bf16-stochastic": ("3B PPO", "every weight, bfloat16 weights (stochastic rounding) and moments, "
+                                     "fsdp 2 × tensor 2", "configs/sokoban_qwen2p5_3b_v5e4.py", "v5e-4", M3),
     "7b-grpo-v5e-8": ("7B GRPO", "every weight, FSDP", S3, "v5e-8", [*M7, GRPO]),
     "7b-grpo-v5e-8-bf16moments-micro4": ("7B GRPO", "every weight, FSDP, bfloat16 moments, micro-batch 4", S3,
                                          "v5e-8", [*M7, GRPO, BF16_MOMENTS, MICRO4]),

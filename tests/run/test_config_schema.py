@@ -104,3 +104,19 @@ def test_the_7b_v5e8_config_is_the_paper_setting_with_lora_over_fsdp_4_and_tenso
     assert built.mesh_shape == (1, 4, 2) and built.step.algo.name == "ppo"
     assert built.settings.model.lora.rank == 16
     assert config_lib.differences(config_lib.build(paper, device_count=8).values, built.values) == []
+
+
+def test_the_3b_v5e4_config_is_the_paper_setting_in_bfloat16_with_stochastic_rounding_over_fsdp_2_and_tensor_2():
+    """The setting the TPU compiler fits on a v5e-4 (docs/scaling.md): the 3B config's paper
+    setting, every weight trained, with bfloat16 weights rounded stochastically, bfloat16
+    moments and the tensor axis 2, nothing else changed."""
+    three = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b_v5e4.py"))
+    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")),
+                                       {"model.param_dtype": "bfloat16", "algo.adam_moments": "bfloat16",
+                                        "algo.weight_rounding": "stochastic", "mesh.tensor": "2"})
+    for config in (three, paper):
+        config.model.path = "/checkpoint/of/the/user"
+    built = config_lib.build(three, device_count=4)
+    assert built.mesh_shape == (1, 2, 2) and built.step.algo.name == "ppo"
+    assert built.settings.model.lora.rank == 0 and built.step.algo.weight_rounding == "stochastic"
+    assert config_lib.differences(config_lib.build(paper, device_count=4).values, built.values) == []

@@ -228,7 +228,7 @@ def accumulate(learner: Learner, loss_fn, params, mbatch: Batch, dropout_key=Non
 
 
 def fold(key, data):
-    """jax.random.fold_in(key, data), or None without a key (no dropout)."""
+    """jax.random.fold_in(key, data), or None without a key (no dropout, no stochastic rounding)."""
     return None if key is None else jax.random.fold_in(key, data)
 
 

@@ -120,3 +120,16 @@ def test_the_3b_v5e4_config_is_the_paper_setting_in_bfloat16_with_stochastic_rou
     assert built.mesh_shape == (1, 2, 2) and built.step.algo.name == "ppo"
     assert built.settings.model.lora.rank == 0 and built.step.algo.weight_rounding == "stochastic"
     assert config_lib.differences(config_lib.build(paper, device_count=4).values, built.values) == []
+
+
+def test_the_0p5b_ppo_v5e1_config_is_the_paper_setting_with_lora_rank_16():
+    """The PPO setting the TPU compiler fits on one v5e chip with the diagnostics on
+    (docs/scaling.md): the 0.5B paper config with LoRA rank 16, nothing else changed."""
+    ppo = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_0p5b_ppo_v5e1.py"))
+    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_0p5b.py")),
+                                       {"model.lora.rank": "16"})
+    for config in (ppo, paper):
+        config.model.path = "/checkpoint/of/the/user"
+    built = config_lib.build(ppo, device_count=1)
+    assert built.step.algo.name == "ppo" and built.settings.model.lora.rank == 16
+    assert config_lib.differences(config_lib.build(paper, device_count=1).values, built.values) == []

@@ -44,5 +44,5 @@ def apply_updates(params, updates, key: jax.Array | None = None):
             total = p.astype(jnp.float32) + u.astype(jnp.float32)
             new.append(round_to_bfloat16_stochastically(total, jax.random.fold_in(key, i)))
         else:
-            new.append(jnp.asarray(p + u).astype(p.dtype))
+            new.append(optax.apply_updates(p, u))
     return treedef.unflatten(new)

@@ -1,5 +1,5 @@
 """The paper's own run — Qwen2.5-3B-Instruct, PPO, every weight trained, on SimpleSokoban — on a
-TPU v5e-4 (4 chips of 16 GiB), half the slice float32 weights need: the weights and Adam's
+TPU v5e-4 (4 chips of 16 GiB), half the paper's v5e-8: the weights and Adam's
 moments in bfloat16, each update added to a weight with stochastic rounding (the paper's 1e-6
 steps are below a bfloat16 weight's precision and rounded to nearest would be lost;
 ragen_jax/rl/rounding.py), the models split over fsdp × tensor = 2 × 2. The TPU compiler plans

@@ -72,7 +72,8 @@ def gib(n: float) -> str:
 
 
 def row(name: str, plan: dict) -> str:
-    """One table row: model and algorithm, setting, slice, the per-chip figure, the compile time."""
+    """One table row: model and algorithm, setting, slice, the KV cache's layout, the per-chip
+    figure, the compile time."""
     model, setting, _, target, _ = PLANS[name]
     seconds = plan["seconds"]["train step"]
     if plan["fits"]:
@@ -82,12 +83,13 @@ def row(name: str, plan: dict) -> str:
     else:
         oom = plan["does_not_fit"]["train step"]
         verdict = f"does not fit: needs {'' if oom['whole'] else '> '}{gib(oom['need'])} of {gib(oom['available'])}"
-    return f"| {model} | {setting} | {target} | {verdict} | {seconds:.0f} s |"
+    kv_cache = plan.get("kv_cache", "heads_major").replace("_", "-")  # plans that predate the key: heads-major
+    return f"| {model} | {setting} | {target} | {kv_cache} | {verdict} | {seconds:.0f} s |"
 
 
 def table() -> str:
-    lines = ["| model, algorithm | setting | slice | per chip, the TPU compiler | compile |",
-             "| --- | --- | --- | --- | ---: |"]
+    lines = ["| model, algorithm | setting | slice | KV cache | per chip, the TPU compiler | compile |",
+             "| --- | --- | --- | --- | --- | ---: |"]
     for name in PLANS:
         path = OUT / f"{name}.json"
         if path.exists():

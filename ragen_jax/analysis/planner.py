@@ -213,6 +213,7 @@ class Plan:
     chip: dict | None = None  # the target chip's published figures (hbm_bytes, peak_bf16_flops, …)
     costs: dict = dataclasses.field(default_factory=dict)  # piece -> the compiler's cost (per device)
     does_not_fit: dict = dataclasses.field(default_factory=dict)  # program -> {need, available, whole}
+    kv_cache: str = "heads_major"  # the stacked KV cache's layout the programs were compiled with (KV_LAYOUTS)
 
     def estimate(self) -> dict:
         """Peak bytes per device from the parts: the train state, plus the largest of the
@@ -389,6 +390,8 @@ def not_written_to_disk_cache():
 
 def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices) -> Plan:
     """`plan` on `devices`, those of `target` (None: not a TPU slice)."""
+    from ragen_jax.models.cache import stores_heads_minor
+
     cfg, name, mesh, trainer, layout, _ = abstract_trainer(config, mesh_shape, preset, devices)
     mesh_shape = tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor"))
     step_config, algo = trainer.config, trainer.config.algo
@@ -427,7 +430,8 @@ def _plan(config, mesh_shape, preset, compile_step, pieces, log, target, devices
                 param_dtype=cfg.param_dtype, remat=cfg.remat, micro_batch=algo.micro_batch, layout=layout,
                 memory=memory, analytic=analytic, step=step, flops=analytic_flops(cfg, step_config, layout),
                 xla_flops=xla_flops, seconds=seconds, target=target.name if target is not None else None,
-                chip=chip, costs=costs, does_not_fit=does_not_fit)
+                chip=chip, costs=costs, does_not_fit=does_not_fit,
+                kv_cache="heads_minor" if stores_heads_minor(cfg) else "heads_major")
 
 
 def compiled_or_oom(compile_fn):
@@ -480,6 +484,9 @@ def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
                               f"{len(devices)}{fresh}")
         devices = devices[:need]
     config = config.copy_and_resolve_references()
+    with config.unlocked():
+        if devices[0].platform == "tpu" and config.model.get("kv_layout", "auto") == "auto":
+            config.model.kv_layout = "heads_minor"  # what "auto" picks on a TPU backend
     cfg, name = model_config(config, preset)
     with config.unlocked():
         if mesh_shape is not None:
@@ -710,8 +717,8 @@ def _compile_decode_step(cfg, mesh, params, array, rows, layout: BufferLayout, b
     graph = nnx.graphdef(abstract_model(cfg))
     kv = jax.eval_shape(lambda: init_cache(cfg, batch, layout.length))
     kv_rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, rows))  # [layers, B, ...]
-    cache = type(kv)(jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
-                     jax.ShapeDtypeStruct(kv.v.shape, kv.v.dtype, sharding=kv_rows), array(kv.mask.shape, bool))
+    cache = kv.replace(k=jax.ShapeDtypeStruct(kv.k.shape, kv.k.dtype, sharding=kv_rows),
+                       v=jax.ShapeDtypeStruct(kv.v.shape, kv.v.dtype, sharding=kv_rows), mask=array(kv.mask.shape, bool))
     offset = layout.generation_offset(layout.turns - 1) + layout.generation - 1
 
     def decode_step(params, cache, token, position, active):
@@ -758,7 +765,7 @@ def _fit_line(p: Plan) -> list[str]:
 def report(p: Plan) -> str:
     compiled_by = "XLA CPU temporaries, bfloat16 run as float32" if p.target is None else "the TPU compiler's temporaries"
     lines = [f"{p.model}: {p.num_params / 1e9:.3f}B parameters ({p.param_dtype}), compute {p.dtype}, remat "
-             f"{'on' if p.remat else 'off'}, micro-batch {p.micro_batch}; {_where(p)}",
+             f"{'on' if p.remat else 'off'}, micro-batch {p.micro_batch}, KV cache {p.kv_cache}; {_where(p)}",
              f"token buffer: {p.layout.length} slots = system {p.layout.system} + {p.layout.turns} turns × "
              f"(observation {p.layout.observation} + generation {p.layout.generation})",
              "", "memory per device             compiled / sharded      analytic"]

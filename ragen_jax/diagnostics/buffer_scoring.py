@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec
 from ragen_jax.core import sharding
 from ragen_jax.core.sharding import constrain_rows, traced_row_shards
 from ragen_jax.models.cpu_tuning import map_row_blocks
-from ragen_jax.models.cache import DecodeContext, KVCache, init_cache, positions_from_mask
+from ragen_jax.models.cache import DecodeContext, KVCache, init_cache, positions_from_mask, stores_heads_minor
 from ragen_jax.models.decoder import Decoder
 from ragen_jax.models.head import token_logprobs
 
@@ -40,7 +40,8 @@ def prefill_buffers(model: Decoder, tokens: jax.Array, mask: jax.Array, block_ro
     rows_spec = PartitionSpec(None, sharding.ROWS)  # cache keys/values: [layers, R, ...]
     return sharding.per_device_rows(lambda model, tokens, mask: _prefill(model, tokens, mask, block_rows), mesh,
                                     (model,), (tokens, mask),
-                                    KVCache(rows_spec, rows_spec, PartitionSpec(sharding.ROWS)))
+                                    KVCache(rows_spec, rows_spec, PartitionSpec(sharding.ROWS), model.cfg.num_kv_heads,
+                                            stores_heads_minor(model.cfg)))
 
 
 def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int) -> KVCache:
@@ -52,7 +53,7 @@ def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int
     if traced_row_shards() > 1 and rows % traced_row_shards() == 0:
         tokens, mask = constrain_rows(tokens), constrain_rows(mask)
         _, cache = model(tokens, positions_from_mask(mask), mask, DecodeContext(init_cache(model.cfg, rows, length), 0))
-        return KVCache(constrain_rows(cache.k, 1), constrain_rows(cache.v, 1), mask)
+        return cache.replace(k=constrain_rows(cache.k, 1), v=constrain_rows(cache.v, 1), mask=mask)
     block = max(d for d in range(1, min(block_rows, rows) + 1) if rows % d == 0)
 
     def one(i, cache):
@@ -60,7 +61,7 @@ def _prefill(model: Decoder, tokens: jax.Array, mask: jax.Array, block_rows: int
         ids, valid = take(tokens), take(mask)
         _, part = model(ids, positions_from_mask(valid), valid, DecodeContext(init_cache(model.cfg, block, length), 0))
         put = lambda whole, a: jax.lax.dynamic_update_slice_in_dim(whole, a, i * block, axis=1)
-        return KVCache(put(cache.k, part.k), put(cache.v, part.v), cache.mask)
+        return cache.replace(k=put(cache.k, part.k), v=put(cache.v, part.v))
 
     return jax.lax.fori_loop(0, rows // block, one, init_cache(model.cfg, rows, length).replace(mask=mask))
 
@@ -92,7 +93,7 @@ def score_continuations(
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(cont[i, t] | prompt of column c, cont[i, <t]) for every row i and column slot c.
 
-    cache / tokens: the prefilled buffers ([layers, R, kv_heads, L, head_dim], ids [R, L]).
+    cache / tokens: the prefilled buffers (`KVCache`, ids [R, L]).
     columns, ends: int32[M, C]: row i's column c is cache row `columns[i, c]`, valid slots
     before `ends[i, c]` (all below the static `prompt_width` ≤ L). cont, cont_mask [M, W]:
     left-aligned continuations (holes only after the last valid token).
@@ -153,7 +154,8 @@ def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, co
     prompt_valid = cache.mask[:, :prompt_width]
     prompt_ids = tokens[:, :prompt_width]
     slots = jnp.arange(prompt_width)[None, :]
-    grow = ((0, 0), (0, 0), (0, 0), (0, width + 1), (0, 0))
+    grow = [(0, 0)] * cache.k.ndim
+    grow[cache.slot_axis] = (0, width + 1)
     want_entropy = own_column is not None
 
     def step(entropy, c):
@@ -164,11 +166,11 @@ def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, co
         before = valid & (slots < last[:, None])  # the cached prefix; the last token is re-fed
         mask = jnp.pad(before, ((0, 0), (0, width + 1)))
         if shared_columns and num_rows > 1:  # one cache row, read by every row
-            column = KVCache(_rows_up_to(cache.k, rows[:1], prompt_width), _rows_up_to(cache.v, rows[:1], prompt_width),
-                             mask)
+            column = cache.replace(k=_rows_up_to(cache.k, rows[:1], prompt_width, cache.slot_axis),
+                                   v=_rows_up_to(cache.v, rows[:1], prompt_width, cache.slot_axis), mask=mask)
         else:
-            gather = lambda a: jnp.pad(_rows_up_to(a, rows, prompt_width), grow)
-            column = KVCache(gather(cache.k), gather(cache.v), mask)
+            gather = lambda a: jnp.pad(_rows_up_to(a, rows, prompt_width, cache.slot_axis), grow)
+            column = cache.replace(k=gather(cache.k), v=gather(cache.v), mask=mask)
         chunk = jnp.concatenate([last_id[:, None], cont], axis=1)
         chunk_mask = jnp.concatenate([(last >= 0)[:, None], cont_mask], axis=1)
         positions = positions_from_mask(chunk_mask, before.sum(axis=1))
@@ -184,13 +186,14 @@ def _score(model, cache, tokens, prompt_width, shared_columns, columns, ends, co
     return jnp.moveaxis(logp, 0, 1), (entropy if want_entropy else None)
 
 
-def _rows_up_to(a: jax.Array, rows: jax.Array, width: int) -> jax.Array:
-    """a[:, rows, :, :width] of cache keys/values [layers, R, kv_heads, L, head_dim] in one
-    gather: slicing the whole cache to the width first would copy all of it."""
-    layers, _, kv_heads, _, head_dim = a.shape
-    numbers = jax.lax.GatherDimensionNumbers(offset_dims=(0, 2, 3, 4), collapsed_slice_dims=(1,),
+def _rows_up_to(a: jax.Array, rows: jax.Array, width: int, slot_axis: int) -> jax.Array:
+    """Cache keys/values [layers, R, ...] at `rows`, their first `width` slots (on `slot_axis`),
+    in one gather: slicing the whole cache to the width first would copy all of it."""
+    size = list(a.shape)
+    size[1], size[slot_axis] = 1, width
+    numbers = jax.lax.GatherDimensionNumbers(offset_dims=(0, *range(2, a.ndim)), collapsed_slice_dims=(1,),
                                              start_index_map=(1,))
-    return jax.lax.gather(a, rows[:, None], numbers, (layers, 1, kv_heads, width, head_dim),
+    return jax.lax.gather(a, rows[:, None], numbers, tuple(size),
                           mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 

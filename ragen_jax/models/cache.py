@@ -21,12 +21,23 @@ from ragen_jax.models.config import ATTENTION_BLOCK, DecoderConfig
 
 @struct.dataclass
 class KVCache:
-    """Preallocated keys/values [layers, B, kv_heads, S, head_dim] and slot validity [B, S].
+    """Preallocated keys/values of every layer and slot validity [B, S]. `write` takes and
+    `read` gives a layer's keys/values as [B, kv_heads, S, head_dim], the attention's layout;
+    they are stored as `init_cache` chose from the model's `kv_layout` (models/config.py):
+    [layers, B, kv_heads, S, head_dim], read in place, or with `heads_minor`
+    [layers, B, S, kv_heads * head_dim], which a TPU stores without padding the head dimension.
     A decode loop of an unrolled model works on a `PerLayerKVCache` copy instead."""
 
     k: jax.Array
     v: jax.Array
     mask: jax.Array
+    kv_heads: int = struct.field(pytree_node=False)
+    heads_minor: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def slot_axis(self) -> int:
+        """The axis of `k` and `v` that counts slots."""
+        return 2 if self.heads_minor else 3
 
     @property
     def shared(self) -> bool:
@@ -34,7 +45,7 @@ class KVCache:
         mask [B, S]): a training forward over a prefix all rows share. Such a cache is only
         read; each row's own keys follow the prefix's. With one row it is told from a writable
         cache by its keys covering only the prefix, not the whole mask."""
-        return self.k.shape[1] == 1 and (self.mask.shape[0] > 1 or self.k.shape[3] < self.mask.shape[1])
+        return self.k.shape[1] == 1 and (self.mask.shape[0] > 1 or self.k.shape[self.slot_axis] < self.mask.shape[1])
 
     @property
     def length(self) -> int:
@@ -49,32 +60,61 @@ class KVCache:
         """Store k/v [B, kv_heads, T, head_dim] of `layer` at slot `offset` (`layer` may be
         traced: a scanned model's layer index)."""
         put = jax.lax.dynamic_update_slice
-        at = (layer, 0, 0, offset, 0)
-        return self.replace(k=put(self.k, k[None].astype(self.k.dtype), at),
-                            v=put(self.v, v[None].astype(self.v.dtype), at))
+        at = (layer, 0, offset, 0) if self.heads_minor else (layer, 0, 0, offset, 0)
+        stored = lambda a, like: self._to_storage(a)[None].astype(like.dtype)
+        return self.replace(k=put(self.k, stored(k, self.k), at), v=put(self.v, stored(v, self.v), at))
 
     def read(self, layer, end: int) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of `layer` in slots [0, end): one slice of the stacked arrays (`layer`
-        may be traced)."""
-        take = lambda a: jax.lax.dynamic_slice(a, (layer, 0, 0, 0, 0), (1, *a.shape[1:3], end, a.shape[4]))[0]
+        """Keys and values of `layer` in slots [0, end), [B, kv_heads, end, head_dim]: one slice
+        of the stacked arrays (`layer` may be traced)."""
+        def take(a):
+            size = list(a.shape)
+            size[0], size[self.slot_axis] = 1, end
+            return self._from_storage(jax.lax.dynamic_slice(a, (layer,) + (0,) * (a.ndim - 1), size)[0])
+
         return take(self.k), take(self.v)
 
     def dtype(self, layer):
         return self.k.dtype
 
+    def _to_storage(self, a: jax.Array) -> jax.Array:
+        """[..., kv_heads, S, head_dim] as stored."""
+        if not self.heads_minor:
+            return a
+        *lead, kvh, s, hd = a.shape
+        return jnp.swapaxes(a, -3, -2).reshape(*lead, s, kvh * hd)
+
+    def _from_storage(self, a: jax.Array) -> jax.Array:
+        """Stored keys/values as [..., kv_heads, S, head_dim]."""
+        if not self.heads_minor:
+            return a
+        *lead, s, width = a.shape
+        return jnp.swapaxes(a.reshape(*lead, s, self.kv_heads, width // self.kv_heads), -3, -2)
+
+
+def stores_heads_minor(cfg: DecoderConfig) -> bool:
+    """Whether `init_cache` stores keys/values heads-minor (`DecoderConfig.kv_layout`; "auto":
+    on a TPU backend)."""
+    if cfg.kv_layout == "auto":
+        return jax.default_backend() == "tpu"
+    return cfg.kv_layout == "heads_minor"
+
 
 def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype=None,
                layered: bool = False) -> KVCache | PerLayerKVCache:
-    """An empty cache of `length` slots (every slot invalid), in the compute dtype by default.
-    `layered`: already a decode loop's `PerLayerKVCache`, for a cache filled once at slot 0 and
-    then only decoded into (what `sampling.generate` does): no stacked copy to build and
-    convert. A scanned model reads its layers from the stacked form, so it ignores `layered`."""
+    """An empty cache of `length` slots (every slot invalid), in the compute dtype by default,
+    laid out as `cfg.kv_layout` says. `layered`: already a decode loop's `PerLayerKVCache`, for
+    a cache filled once at slot 0 and then only decoded into (what `sampling.generate` does): no
+    stacked copy to build and convert. A scanned model reads its layers from the stacked form,
+    so it ignores `layered`."""
     dtype = jnp.dtype(dtype or cfg.dtype)
     if layered and not cfg.scan_layers:
         return PerLayerKVCache.empty(cfg, batch, length, dtype)
     mask = jnp.zeros((batch, length), bool)
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), mask)
+    minor = stores_heads_minor(cfg)
+    shape = ((cfg.num_layers, batch, length, cfg.num_kv_heads * cfg.head_dim) if minor
+             else (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim))
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), mask, cfg.num_kv_heads, minor)
 
 
 def positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Array:
@@ -161,19 +201,21 @@ class PerLayerKVCache:
     def from_stacked(cls, cache: KVCache, end: int | None = None) -> PerLayerKVCache:
         """Slots [0, end) of a stacked cache (a copy; `merge_into` writes it back)."""
         end = cache.length if end is None else end
-        layers, b, kvh, _, hd = cache.k.shape
-        k = cache.k[:, :, :, :end].reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
-        v = cache.v[:, :, :, :end].reshape(layers, b * kvh, end, hd)
+        k, v = (cache._from_storage(jax.lax.slice_in_dim(a, 0, end, axis=cache.slot_axis)) for a in (cache.k, cache.v))
+        layers, b, kvh, _, hd = k.shape
+        k = k.reshape(layers, b * kvh, end, hd).transpose(0, 1, 3, 2)
+        v = v.reshape(layers, b * kvh, end, hd)
         return cls(tuple(k[i] for i in range(layers)), tuple(v[i] for i in range(layers)), cache.mask[:, :end])
 
     def merge_into(self, full: KVCache) -> KVCache:
         """The stacked cache `full` with slots [0, end) replaced by this cache's."""
-        layers, b, kvh, _, hd = full.k.shape
-        end = self.length
+        layers, b, end, kvh = full.k.shape[0], full.k.shape[1], self.length, full.kv_heads
+        hd = self.v[0].shape[-1]
         k = jnp.stack(self.k).transpose(0, 1, 3, 2).reshape(layers, b, kvh, end, hd)
         v = jnp.stack(self.v).reshape(layers, b, kvh, end, hd)
         put = jax.lax.dynamic_update_slice
-        return full.replace(k=put(full.k, k, (0,) * 5), v=put(full.v, v, (0,) * 5),
+        start = (0,) * full.k.ndim
+        return full.replace(k=put(full.k, full._to_storage(k), start), v=put(full.v, full._to_storage(v), start),
                             mask=put(full.mask, self.mask, (0, 0)))
 
     def write(self, layer: int, k: jax.Array, v: jax.Array, offset) -> PerLayerKVCache:

@@ -34,9 +34,15 @@ REMAT_POLICIES = {
 # that implementation in one call (cudnn: a fused kernel on NVIDIA GPUs only). Decoding from a
 # per-layer cache (the CPU decode path) always uses "einsum".
 ATTENTION = ("einsum", "xla", "cudnn")
+# How the stacked KV cache (`cache.KVCache`) stores each slot's keys and values
+# (`DecoderConfig.kv_layout`): "heads_major", [layers, B, kv_heads, S, head_dim], which a CPU or
+# GPU decode step reads in place; "heads_minor", [layers, B, S, kv_heads * head_dim], for a TPU,
+# whose tiles pad the minor axis to 128 lanes (a 64-wide head dimension would take twice its
+# bytes in every copy of the cache); "auto": heads_minor on a TPU backend, else heads_major.
+KV_LAYOUTS = ("auto", "heads_major", "heads_minor")
 # The fields that say how a model computes rather than what it is: a run sets them on any shapes.
 NUMERICS = ("dtype", "param_dtype", "remat", "remat_policy", "scan_layers", "unroll_inference", "vocab_chunk",
-            "attention", "lora")
+            "attention", "kv_layout", "lora")
 # The projections LoRA adapters may go on (`LoraConfig.targets`; "all-linear": every one of them).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -103,6 +109,8 @@ def check_numerics(values: dict, prefix: str = "") -> None:
                          "(0: the whole vocabulary at once)")
     if "attention" in values and values["attention"] not in ATTENTION:
         raise ValueError(f"{prefix}attention={values['attention']!r} is not supported; allowed: {', '.join(ATTENTION)}")
+    if "kv_layout" in values and values["kv_layout"] not in KV_LAYOUTS:
+        raise ValueError(f"{prefix}kv_layout={values['kv_layout']!r} is not supported; allowed: {', '.join(KV_LAYOUTS)}")
     if "remat_policy" in values and values["remat_policy"] not in REMAT_POLICIES:
         raise ValueError(f"{prefix}remat_policy={values['remat_policy']!r} is not supported; allowed: "
                          f"{', '.join(REMAT_POLICIES)}")
@@ -148,6 +156,7 @@ class DecoderConfig:
     # `head.token_logprobs`): the f32 logits of a 152K vocabulary are what the loss would hold most of.
     vocab_chunk: int = 0
     attention: str = "einsum"  # one of ATTENTION
+    kv_layout: str = "auto"  # one of KV_LAYOUTS
     initializer_range: float = 0.02
     # The Hugging Face class the weights came from (one of ARCHITECTURES), written back on export.
     architecture: str = "Qwen2ForCausalLM"

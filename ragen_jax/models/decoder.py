@@ -112,7 +112,7 @@ class Decoder(nnx.Module):
             h, cache_in = carry
             block = nnx.merge(graph, params)
             if shared:
-                h, _ = block(constrain_rows(h), inputs, KVCache(kv[0][None], kv[1][None], cache.mask), 0)
+                h, _ = block(constrain_rows(h), inputs, cache.replace(k=kv[0][None], v=kv[1][None]), 0)
                 return (h, cache_in), None
             return block(constrain_rows(h), inputs, cache_in, layer), None
 

@@ -244,7 +244,7 @@ def start(setup: RolloutSetup, states: Any, shard_rows: Callable) -> TurnCarry:
     batch, length, system_len = setup.part.size, setup.layout.length, setup.layout.system
     cache = setup.policy.init_cache(batch, length)
     if isinstance(cache, KVCache):  # rows are axis 1 of keys/values [layers, B, ...]
-        cache = KVCache(shard_rows(cache.k, 1), shard_rows(cache.v, 1), shard_rows(cache.mask))
+        cache = cache.replace(k=shard_rows(cache.k, 1), v=shard_rows(cache.v, 1), mask=shard_rows(cache.mask))
     system = jnp.broadcast_to(setup.prompt.system_ids, (batch, system_len))
     cache, logits = setup.policy.prefill(cache, system, jnp.ones_like(system, bool), 0, None)
     buffer = shard_rows(jnp.zeros((batch, length), jnp.int32).at[:, :system_len].set(system))

@@ -97,6 +97,7 @@ class ModelSection:
     unroll_inference: bool = _NUMERICS["unroll_inference"]
     vocab_chunk: int = _NUMERICS["vocab_chunk"]  # log-probs this many vocabulary entries at a time (0: all)
     attention: str = _NUMERICS["attention"]  # einsum | xla | cudnn (jax.nn.dot_product_attention; cudnn: GPU only)
+    kv_layout: str = _NUMERICS["kv_layout"]  # auto | heads_major | heads_minor (TPU: no lane padding; auto picks)
     # low-rank adapters: model.lora.rank (0: off), alpha, dropout (update only), targets (models/lora.py)
     lora: LoraConfig = _NUMERICS["lora"]
 

@@ -137,7 +137,8 @@ def paper_config(env_name: str, fsdp: bool) -> ml_collections.ConfigDict:
 def one_chip_config(env_name: str) -> ml_collections.ConfigDict:
     """The paper's setting as the TPU compiler fits it on one 16 GiB chip (Colab's TPU v5e-1)
     with Qwen2.5-0.5B, every weight trained in float32 (docs/scaling.md): GRPO, so no critic. The
-    paper's own PPO with float32 weights and moments needs more than 22 GiB there."""
+    paper's own PPO with float32 weights and moments needs more than 18.8 GiB there
+    (`configs/sokoban_qwen2p5_0p5b_ppo_v5e1.py` fits it with bfloat16 moments)."""
     c = paper_config(env_name, fsdp=False)
     c.algo.name = "grpo"
     return c

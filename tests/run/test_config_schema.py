@@ -92,46 +92,47 @@ def test_the_smollm2_configs_find_the_packaged_model():
     assert config_lib.load_config_file(str(ROOT / "configs" / "sokoban_smollm2_paper.py")).model.dtype == "bfloat16"
 
 
+def built_beside_its_base(config_file: str, base_file: str, overrides: dict, device_count: int):
+    """(the built config of `config_file`, the differences from `base_file` with `overrides`
+    built alike); both read with a user's checkpoint path, as they need one."""
+    config = config_lib.load_config_file(str(ROOT / "configs" / config_file))
+    base = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / base_file)), overrides)
+    for c in (config, base):
+        c.model.path = "/checkpoint/of/the/user"
+    built = config_lib.build(config, device_count=device_count)
+    return built, config_lib.differences(config_lib.build(base, device_count=device_count).values, built.values)
+
+
 def test_the_7b_v5e8_config_is_the_paper_setting_with_lora_over_fsdp_4_and_tensor_2():
     """The setting the TPU compiler fits on a v5e-8 (docs/scaling.md): the 3B config's paper
     setting with LoRA rank 16 and the tensor axis 2, nothing else changed."""
-    seven = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_7b_v5e8.py"))
-    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")),
-                                       {"model.lora.rank": "16", "mesh.tensor": "2"})
-    for config in (seven, paper):
-        config.model.path = "/checkpoint/of/the/user"
-    built = config_lib.build(seven, device_count=8)
+    built, differences = built_beside_its_base("sokoban_qwen2p5_7b_v5e8.py", "sokoban_qwen2p5_3b.py",
+                                               {"model.lora.rank": "16", "mesh.tensor": "2"}, device_count=8)
     assert built.mesh_shape == (1, 4, 2) and built.step.algo.name == "ppo"
     assert built.settings.model.lora.rank == 16
-    assert config_lib.differences(config_lib.build(paper, device_count=8).values, built.values) == []
+    assert differences == []
 
 
 def test_the_3b_v5e4_config_is_the_paper_setting_in_bfloat16_with_stochastic_rounding_over_fsdp_2_and_tensor_2():
     """The setting the TPU compiler fits on a v5e-4 (docs/scaling.md): the 3B config's paper
     setting, every weight trained, with bfloat16 weights rounded stochastically, bfloat16
     moments and the tensor axis 2, nothing else changed."""
-    three = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b_v5e4.py"))
-    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_3b.py")),
-                                       {"model.param_dtype": "bfloat16", "algo.adam_moments": "bfloat16",
-                                        "algo.weight_rounding": "stochastic", "mesh.tensor": "2"})
-    for config in (three, paper):
-        config.model.path = "/checkpoint/of/the/user"
-    built = config_lib.build(three, device_count=4)
+    built, differences = built_beside_its_base(
+        "sokoban_qwen2p5_3b_v5e4.py", "sokoban_qwen2p5_3b.py",
+        {"model.param_dtype": "bfloat16", "algo.adam_moments": "bfloat16", "algo.weight_rounding": "stochastic",
+         "mesh.tensor": "2"}, device_count=4)
     assert built.mesh_shape == (1, 2, 2) and built.step.algo.name == "ppo"
     assert built.settings.model.lora.rank == 0 and built.step.algo.weight_rounding == "stochastic"
-    assert config_lib.differences(config_lib.build(paper, device_count=4).values, built.values) == []
+    assert differences == []
 
 
 def test_the_0p5b_ppo_v5e1_config_is_the_paper_setting_with_bfloat16_moments_and_micro_batches_of_4():
     """The PPO setting the TPU compiler fits on one v5e chip with the diagnostics on
     (docs/scaling.md): the 0.5B paper config, every weight trained, with bfloat16 moments and
     micro-batches of 4, nothing else changed."""
-    ppo = config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_0p5b_ppo_v5e1.py"))
-    paper = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs" / "sokoban_qwen2p5_0p5b.py")),
-                                       {"algo.adam_moments": "bfloat16", "algo.micro_batch_size": "4"})
-    for config in (ppo, paper):
-        config.model.path = "/checkpoint/of/the/user"
-    built = config_lib.build(ppo, device_count=1)
+    built, differences = built_beside_its_base("sokoban_qwen2p5_0p5b_ppo_v5e1.py", "sokoban_qwen2p5_0p5b.py",
+                                               {"algo.adam_moments": "bfloat16", "algo.micro_batch_size": "4"},
+                                               device_count=1)
     assert built.step.algo.name == "ppo" and built.settings.model.lora.rank == 0
     assert built.step.algo.micro_batch_size == 4 and built.settings.model.param_dtype == "float32"
-    assert config_lib.differences(config_lib.build(paper, device_count=1).values, built.values) == []
+    assert differences == []

@@ -161,7 +161,9 @@ class Validator:
         """The validation program lowered for `params_state` (arrays or ShapeDtypeStructs with
         shardings: `.compile()` it for devices that need not be attached, e.g. a TPU topology's)."""
         with sharding.tracing_on(self.mesh):
-            key = jax.ShapeDtypeStruct((), self._key().dtype,
+            # the key's type without making one: on a mesh of compile-only devices (a TPU
+            # topology's) nothing can run, not even the seed's conversion to a key
+            key = jax.ShapeDtypeStruct((), jax.eval_shape(self.eval_config.key).dtype,
                                        sharding=None if self.mesh is None else sharding.replicated(self.mesh))
             return _validate_compiled.lower(params_state, self.codec, self.prompt, key, **self._static())
 

@@ -97,6 +97,24 @@ def test_a_plan_that_does_not_fit_says_what_it_needs(one_chip):
 
 
 @needs_libtpu
+def test_validation_lowers_for_a_chip_without_running_anything():
+    """`plan --programs`' validation lowers for a v5e chip's compile-only devices, on which
+    nothing runs, not even the seed's conversion to a key (compiling it for the chip takes
+    minutes; the same code compiles for CPU devices in tests/analysis/test_programs.py)."""
+    from ragen_jax.training.validation import Validator
+
+    devices = tpu_targets.compile_only_devices(tpu_targets.parse_target("v5e-1"))
+    cfg, _, mesh, trainer, _, run = planner.abstract_trainer(reduced_tiny(), None, None, devices)
+    model = planner.abstract_model(cfg)
+    state = trainer.abstract_state(model)
+    validator = Validator(model, trainer.env, trainer.env_params, trainer.codec, trainer.prompt, run.settings.eval,
+                          run.step.rollout, mesh)
+    lowered = validator.lower(state.policy)
+    assert {d.platform for d in mesh.devices.flat} == {"tpu"}
+    assert "@main" in lowered.as_text()  # the rollout's program, lowered for the chip
+
+
+@needs_libtpu
 def test_the_compiler_refusing_a_program_too_large_for_the_chip_is_caught():
     """A program whose outputs alone exceed a v5e chip: the compiler's RESOURCE_EXHAUSTED becomes
     the figures, any other compile error still raises."""

@@ -60,7 +60,19 @@ def two_turns(setup):
     return rewarded(rolled_out(setup, TWO_TURNS), np.tile([0.0, 1.0, 2.0, 3.0], 4))
 
 
+TRAINERS = {}  # one Trainer (and its compiled programs) per distinct setting, shared by the tests
+
+
 def trainer(setup, rollout_config=ROLLOUT, mesh=None, **algo):
+    """The Trainer of `algo`'s settings (PPO unless `name` is given) over `rollout_config`, built
+    once per setting in this module: tests that share a setting share its compiled update."""
+    key = (id(setup[-1]), rollout_config, id(mesh), tuple(sorted(algo.items())))
+    if key not in TRAINERS:  # the model and mesh are kept with it, so their ids stay theirs
+        TRAINERS[key] = (build_trainer(setup, rollout_config, mesh, **algo), setup[-1], mesh)
+    return TRAINERS[key][0]
+
+
+def build_trainer(setup, rollout_config, mesh, **algo):
     env, params, codec, prompt, model = setup
     # Top-p with full minibatches and ceil(kept / minibatch) steps unless a test says otherwise
     filt = algo.pop("filter", FILTER)

@@ -44,6 +44,7 @@ from flax import nnx
 from ragen_jax.core.progress import progress_bar, tell
 from ragen_jax.envs import registry
 from ragen_jax.envs.game import require_solver
+from ragen_jax.rl import rounding
 from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, initial_states, rollout
 from ragen_jax.rollout.policies import ScriptedPolicy
@@ -152,11 +153,13 @@ def optimizer(config: SFTConfig, total_steps: int) -> optax.GradientTransformati
 
 
 def update_step(graph, tx: optax.GradientTransformation):
-    """The fit's compiled step `update(params, opt, minibatch) -> (params, opt, loss)`: one
-    AdamW step on the token-mean NLL of the minibatch's generated tokens (model `graph`)."""
+    """The fit's compiled step `update(params, opt, minibatch, key=None) -> (params, opt, loss)`:
+    one AdamW step on the token-mean NLL of the minibatch's generated tokens (model `graph`),
+    added to the weights rounded to nearest, or with a `key` bfloat16 weights rounded
+    stochastically (`ragen_jax.rl.rounding`, as `algo.weight_rounding` makes the RL update)."""
 
     @jax.jit
-    def update(params, opt, mb):
+    def update(params, opt, mb, key=None):
         def loss_fn(p):
             logp, _ = policy_logprobs(nnx.merge(graph, p), mb, 1.0)
             mask = mb.loss_mask.astype(jnp.float32)
@@ -164,7 +167,7 @@ def update_step(graph, tx: optax.GradientTransformation):
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt = tx.update(grads, opt, params)
-        return optax.apply_updates(params, updates), opt, loss
+        return rounding.apply_updates(params, updates, key), opt, loss
 
     return update
 
@@ -175,13 +178,15 @@ def total_steps(config: SFTConfig) -> int:
 
 
 def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False, after_step=None,
-        start=None):
+        start=None, weight_rounding: str = "nearest"):
     """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
     (each epoch's mean over the steps this call ran). `progress`: `train`'s bar on stderr
     (steps, the last step's loss, time spent and left), with the epoch lines above it; a real
     model's fit takes minutes. `after_step(step, params, opt, loss)` runs after every step (the
     command's validation and checkpoints). `start=(step, params, opt)` continues a fit that
-    stopped after `step` steps: the same minibatches follow, so it ends where one call would."""
+    stopped after `step` steps: the same minibatches follow, so it ends where one call would.
+    `weight_rounding` "stochastic": bfloat16 weights take each step rounded stochastically, with
+    step k's key folded from the seed's (so a continued fit draws the same)."""
     batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
@@ -190,6 +195,7 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
     graph, params = nnx.split(model)
     done, params, opt = start if start is not None else (0, params, tx.init(params))
     update = update_step(graph, tx)
+    stochastic = weight_rounding == "stochastic"
 
     rng = np.random.default_rng(config.seed)
     losses = []
@@ -204,7 +210,8 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
                     continue
                 idx = order[i * config.batch_size:(i + 1) * config.batch_size]
                 mb = jax.tree.map(lambda a: a[idx], batch)
-                params, opt, loss = update(params, opt, compact(mb) if config.compact else mb)
+                key = jax.random.fold_in(jax.random.key(config.seed), step) if stochastic else None
+                params, opt, loss = update(params, opt, compact(mb) if config.compact else mb, key)
                 epoch_losses.append(float(loss))
                 if bar is not None:
                     bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}", refresh=False)
@@ -251,4 +258,4 @@ def warm_start(exp, config: SFTConfig, log=print, progress: bool = False, after_
     success = float(np.mean(np.asarray(data.success)))
     log(f"{config.episodes} demonstrations in {time.perf_counter() - started:.0f} s "
         f"(success {success:.2f}, noise {config.noise})")
-    return fit(exp.model, data, config, log, progress, after_step, start)
+    return fit(exp.model, data, config, log, progress, after_step, start, exp.run.step.algo.weight_rounding)

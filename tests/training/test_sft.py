@@ -165,6 +165,39 @@ def test_a_fit_continued_from_its_step_ends_where_one_fit_ends(demos):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_stochastic_rounding_lets_the_fits_1e_6_steps_move_bfloat16_weights():
+    """bfloat16 weights fitted at lr 1e-6 (an Adam step of about 1e-6 per weight): rounded to
+    nearest, no weight above 0.01 in magnitude moves (their spacing is at least 6e-5); with
+    `weight_rounding="stochastic"` some do, and a fit continued from a step ends bit for bit
+    where the whole fit does (step k's key is the seed's folded with k)."""
+    from ragen_jax.models.config import DecoderConfig
+    from ragen_jax.models.decoder import init_model
+
+    one_turn = RolloutConfig(num_groups=4, group_size=1, max_turns=1, max_actions_per_turn=2, max_actions_per_traj=2,
+                             max_new_tokens=48)
+    env, params, tok, codec, prompt = text_parts("SimpleSokoban", one_turn.max_actions_per_turn)
+    traj = sft.demonstrations(jax.random.key(0), env, sft.deterministic(env, params), codec, prompt, tok, one_turn,
+                              noise=0.0)
+    config = sft.SFTConfig(episodes=4, epochs=2, batch_size=2, lr=1e-6, warmup_steps=1)
+    bfloat16 = DecoderConfig.preset("tiny", num_layers=TEST_LAYERS, param_dtype="bfloat16")
+    flat = lambda model: np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(nnx.state(model))])
+
+    def fitted(rounding, **kwargs):
+        model = init_model(bfloat16, jax.random.key(1))
+        sft.fit(model, traj, config, log=lambda _: None, weight_rounding=rounding, **kwargs)
+        return flat(model)
+
+    initial = flat(init_model(bfloat16, jax.random.key(1)))
+    large = np.abs(initial) > 0.01
+    assert np.array_equal(fitted("nearest")[large], initial[large])
+    kept = {}
+    stochastic = fitted("stochastic", after_step=lambda step, params, opt, loss: kept.setdefault(
+        "start", (step, params, opt)) if step == 2 else None)
+    moved = np.mean(stochastic[large] != initial[large])
+    assert 1e-3 < moved < 0.2, moved  # ≈ 1e-6 / spacing a step: about 1% a step with lr > 0
+    np.testing.assert_array_equal(fitted("stochastic", start=kept["start"]), stochastic)
+
+
 @pytest.mark.parametrize("env, init", [("sokoban", ""), ("frozenlake", ""), ("frozenlake", "builtin:frozenlake-tiny")])
 def test_the_shipped_warm_start_loads_plays_and_reads_the_board(env, init):
     """configs/<env>_tiny.py starts from a shipped warm start (init "": the config's own; on

@@ -309,6 +309,10 @@ def build(config: ml_collections.ConfigDict | dict, device_count: int) -> RunCon
         diagnostics=settings.diagnostics.diagnostics_config(), grad_buckets=settings.grad_buckets,
         grad_every=settings.diagnostics.compute_freq if settings.grad_buckets else 0,
         total_steps=settings.train.steps, reward_noise=settings.env.reward_noise))
+    if settings.algo.weight_rounding == "stochastic" and settings.model.param_dtype != "bfloat16":
+        raise ConfigError(f"algo.weight_rounding='stochastic' rounds bfloat16 weights, and model.param_dtype is "
+                          f"{settings.model.param_dtype!r}: set model.param_dtype=bfloat16, or leave the rounding "
+                          "'nearest'")
     data, fsdp, tensor = _wrap("mesh", lambda: settings.mesh.shape(device_count))
     problem = rows_indivisible(step.rollout.batch, step.algo.mini_batch_size, data * fsdp)
     if problem:

@@ -220,6 +220,8 @@ def test_commands_print_no_library_notices(full_run_output, tmp_path):
       "--config.filter.metric=reward_mean", "--config.algo.mini_batch_size=8"], "group_size must be >= 2"),
     (["--config", CONFIG, "--config.algo.mini_batch_size=48"], "algo.mini_batch_size=48 must divide"),
     (["--config", CONFIG, "--config.mesh.tensor=16"], "needs 16 devices"),
+    (["--config", CONFIG, "--config.algo.weight_rounding=stochastic"],
+     "algo.weight_rounding='stochastic' rounds bfloat16 weights, and model.param_dtype is 'float32'"),
     (["--config", CONFIG, "--config.env.name=Chess"], "env.name='Chess'"),
     (["--config", CONFIG, "--config.env.data_path=qa.jsonl"], "env.data_path='qa.jsonl' is only used by MathQA"),
     (["--config", CONFIG, "--config.env.success_rate=0.8"], "env.success_rate=0.8 is only used by FrozenLake"),

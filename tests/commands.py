@@ -10,12 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "sokoban_tiny.py")
 # Tiny and quick to compile; no early stop (a random policy only earns format penalties) and
-# no filtering, so every step updates the weights and the resumed numbers depend on them.
+# no filtering, so every step updates the weights and the resumed numbers depend on them. A
+# constant learning rate: with the tiny config's decay the run's length is part of the compiled
+# step, and runs of other lengths would each compile their own (the decay's own tests:
+# tests/training/test_step.py).
 SMALL = ["--config.rollout.num_groups=2", "--config.rollout.group_size=2", "--config.rollout.max_turns=1",
          "--config.rollout.max_new_tokens=8", "--config.algo.mini_batch_size=4", "--config.filter.strategy=none",
          "--config.diagnostics.enabled=false", "--config.early_stop.empty_batches=0",
          "--config.early_stop.reward_std_collapse=0", "--config.eval.num_envs=2", "--config.train.val_every=3",
-         "--config.mesh.data=1", "--config.logging.progress=false"]
+         "--config.mesh.data=1", "--config.logging.progress=false", "--config.algo.lr_decay_fraction=0"]
 
 
 def command(module, *args, env=None):

@@ -6,7 +6,7 @@ With a TPU target this is the TPU compiler's word, before a TPU is rented, that 
 lowers for the chip and fits its memory; on the host it checks the same for its devices. Each
 program is compiled with the shapes a run of the config gives it: the train state's
 shardings, validation's `eval` section, the evaluation's diagnostics on validation's rollout,
-the fit's minibatch of `sft` demonstrations over the same token buffer.
+the fit's minibatch of `sft` demonstrations over the same token buffer, in the config's micro-batches.
 """
 
 from __future__ import annotations
@@ -103,9 +103,11 @@ def _compile_programs(config, mesh_shape, preset, devices, log) -> dict[str, Com
     opt = jax.eval_shape(jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, mesh)), params)
     batch = micro_batch.micro_batch_inputs(fit.batch_size, layout.length, layout.turns * layout.generation, mesh)
 
+    micro = sft.fit_micro_batch(fit.batch_size, run.step.algo.micro_batch_size)  # as `sft` runs it
+
     def lower_fit():
         with sharding.tracing_on(mesh):
-            return sft.update_step(graph, tx).lower(params, opt, batch)
+            return sft.update_step(graph, tx, micro).lower(params, opt, batch)
 
     compile_one("supervised fit step", lower_fit)
     return out

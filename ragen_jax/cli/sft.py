@@ -28,7 +28,8 @@ from ragen_jax.core.distributed import to_host
 from ragen_jax.core.errors import ConfigError
 from ragen_jax.core.files import check_writable_dir, describe, write_atomically
 from ragen_jax.diagnostics.reasoning_check import validation_metrics
-from ragen_jax.training.sft import SFTConfig, check_env, optimizer, total_steps, warm_start
+from ragen_jax.training.sft import (SFTConfig, check_env, fit_micro_batch, optimizer, total_steps,
+                                   warm_start)
 
 METRICS, SETTINGS = "sft_metrics.jsonl", "sft.json"
 
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
         sft = SFTConfig(episodes=extra.episodes, epochs=extra.epochs, batch_size=extra.batch_size, lr=extra.lr,
                         noise=extra.noise, name_blocked=extra.name_blocked, seed=exp.run.settings.seed)
         check_env(exp.env, sft)  # a solver, and holes or walls to name if asked
+        fit_micro_batch(sft.batch_size, exp.run.step.algo.micro_batch_size)  # the fit's micro-batches divide it
         check_writable_dir(workdir, "--workdir")
         settings = {"config": json.loads(to_json(exp.run.values)), "sft": dataclasses.asdict(sft)}
         done = check_resumable(workdir, settings)

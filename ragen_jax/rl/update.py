@@ -202,14 +202,19 @@ def critic_step(learner: Learner, params, opt, mbatch: Batch, lr_factor, dropout
 
 
 def accumulate(learner: Learner, loss_fn, params, mbatch: Batch, dropout_key=None):
-    """Sum of (loss, aux, grads) of `loss_fn(params, micro-batch, key)` over micro-batches,
-    and how many ran; micro-batch i's key is fold_in(dropout_key, i) (None without one). The
-    losses use the whole minibatch's normaliser, so the sum is the minibatch loss whatever the
-    micro-batch size. Kept rows come first, so the micro-batches after the last one with a loss
-    token hold only padding (the filter's dropped groups): their terms are exactly zero, and
-    they are not run — with ~30 rows kept of a 64-row minibatch, half the work."""
-    micro = learner.algo.micro_batch
-    micro = jax.tree.map(lambda a: a.reshape((a.shape[0] // micro, micro) + a.shape[1:]), mbatch)
+    """`accumulate_micro_batches` in the learner's micro-batches, each over the whole mesh."""
+    return accumulate_micro_batches(loss_fn, params, mbatch, learner.algo.micro_batch, learner.rows, dropout_key)
+
+
+def accumulate_micro_batches(loss_fn, params, mbatch: Batch, size: int, rows=lambda b: b, dropout_key=None):
+    """Sum of (loss, aux, grads) of `loss_fn(params, micro-batch, key)` over micro-batches of
+    `size` rows (`rows` pins each one's rows across a mesh), and how many ran; micro-batch i's
+    key is fold_in(dropout_key, i) (None without one). The losses use the whole minibatch's
+    normaliser, so the sum is the minibatch loss whatever the micro-batch size. Kept rows come
+    first, so the micro-batches after the last one with a loss token hold only padding (the
+    filter's dropped groups): their terms are exactly zero, and they are not run — with ~30 rows
+    kept of a 64-row minibatch, half the work."""
+    micro = jax.tree.map(lambda a: a.reshape((a.shape[0] // size, size) + a.shape[1:]), mbatch)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     count = micro.loss_mask.shape[0]
     has_tokens = micro.loss_mask.reshape(count, -1).any(axis=1)
@@ -217,8 +222,7 @@ def accumulate(learner: Learner, loss_fn, params, mbatch: Batch, dropout_key=Non
 
     def body(i, acc):
         one = jax.tree.map(lambda a: a[i], micro)
-        # each micro-batch over the whole mesh
-        (loss, aux), grads = grad_fn(params, learner.rows(one), fold(dropout_key, i))
+        (loss, aux), grads = grad_fn(params, rows(one), fold(dropout_key, i))
         return jax.tree.map(jnp.add, acc, (loss, aux, grads))
 
     (loss, aux), grads = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro), dropout_key)

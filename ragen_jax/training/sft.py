@@ -46,6 +46,7 @@ from ragen_jax.envs import registry
 from ragen_jax.envs.game import require_solver
 from ragen_jax.rl import rounding
 from ragen_jax.rl.batch import batch_from_trajectories, compact, policy_logprobs
+from ragen_jax.rl.update import accumulate_micro_batches
 from ragen_jax.rollout.play import RolloutConfig, Trajectories, initial_states, rollout
 from ragen_jax.rollout.policies import ScriptedPolicy
 
@@ -152,24 +153,42 @@ def optimizer(config: SFTConfig, total_steps: int) -> optax.GradientTransformati
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
 
 
-def update_step(graph, tx: optax.GradientTransformation):
+def update_step(graph, tx: optax.GradientTransformation, micro_batch: int | None = None):
     """The fit's compiled step `update(params, opt, minibatch, key=None) -> (params, opt, loss)`:
     one AdamW step on the token-mean NLL of the minibatch's generated tokens (model `graph`),
-    added to the weights rounded to nearest, or with a `key` bfloat16 weights rounded
-    stochastically (`ragen_jax.rl.rounding`, as `algo.weight_rounding` makes the RL update)."""
+    its forward and backward over the whole minibatch at once or, with `micro_batch` rows
+    fewer than its rows, micro-batch by micro-batch (the gradients summed: the same loss, at
+    one micro-batch's activations); added to the weights rounded to nearest, or with a `key`
+    bfloat16 weights rounded stochastically (`ragen_jax.rl.rounding`, as the RL update)."""
 
     @jax.jit
     def update(params, opt, mb, key=None):
-        def loss_fn(p):
-            logp, _ = policy_logprobs(nnx.merge(graph, p), mb, 1.0)
-            mask = mb.loss_mask.astype(jnp.float32)
-            return -jnp.sum(logp * mask) / jnp.maximum(mask.sum(), 1.0)
+        count = jnp.maximum(mb.loss_mask.astype(jnp.float32).sum(), 1.0)
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        def loss_fn(p, b, _key=None):
+            logp, _ = policy_logprobs(nnx.merge(graph, p), b, 1.0)
+            return -jnp.sum(logp * b.loss_mask.astype(jnp.float32)) / count, {}
+
+        if micro_batch is None or micro_batch >= mb.loss_mask.shape[0]:
+            (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+        else:
+            loss, _, grads, _ = accumulate_micro_batches(loss_fn, params, mb, micro_batch)
         updates, opt = tx.update(grads, opt, params)
         return rounding.apply_updates(params, updates, key), opt, loss
 
     return update
+
+
+def fit_micro_batch(batch_size: int, micro_batch_size) -> int | None:
+    """The rows a fit's forward and backward take at once: the run config's
+    `algo.micro_batch_size` when it is a number below `batch_size` that divides it, None (the
+    whole minibatch) when it is 0, "auto" or not below; a ValueError naming both otherwise."""
+    if not isinstance(micro_batch_size, int) or not 0 < micro_batch_size < batch_size:
+        return None
+    if batch_size % micro_batch_size:
+        raise ValueError(f"--batch-size={batch_size} must be a multiple of algo.micro_batch_size={micro_batch_size} "
+                         "(the fit runs each minibatch in micro-batches of that many rows)")
+    return micro_batch_size
 
 
 def total_steps(config: SFTConfig) -> int:
@@ -178,7 +197,7 @@ def total_steps(config: SFTConfig) -> int:
 
 
 def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool = False, after_step=None,
-        start=None, weight_rounding: str = "nearest"):
+        start=None, weight_rounding: str = "nearest", micro_batch: int | None = None):
     """Minimise the token-mean NLL of the demonstrations' generated tokens; returns the losses
     (each epoch's mean over the steps this call ran). `progress`: `train`'s bar on stderr
     (steps, the last step's loss, time spent and left), with the epoch lines above it; a real
@@ -186,7 +205,8 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
     command's validation and checkpoints). `start=(step, params, opt)` continues a fit that
     stopped after `step` steps: the same minibatches follow, so it ends where one call would.
     `weight_rounding` "stochastic": bfloat16 weights take each step rounded stochastically, with
-    step k's key folded from the seed's (so a continued fit draws the same)."""
+    step k's key folded from the seed's (so a continued fit draws the same). `micro_batch`:
+    rows per forward and backward (`fit_micro_batch`; None: the whole minibatch)."""
     batch = jax.tree.map(np.asarray, batch_from_trajectories(data))  # minibatches cut on the host
     rows = batch.loss_mask.shape[0]
     steps_per_epoch = rows // config.batch_size
@@ -194,7 +214,7 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
     tx = optimizer(config, total)
     graph, params = nnx.split(model)
     done, params, opt = start if start is not None else (0, params, tx.init(params))
-    update = update_step(graph, tx)
+    update = update_step(graph, tx, micro_batch)
     stochastic = weight_rounding == "stochastic"
 
     rng = np.random.default_rng(config.seed)
@@ -258,4 +278,6 @@ def warm_start(exp, config: SFTConfig, log=print, progress: bool = False, after_
     success = float(np.mean(np.asarray(data.success)))
     log(f"{config.episodes} demonstrations in {time.perf_counter() - started:.0f} s "
         f"(success {success:.2f}, noise {config.noise})")
-    return fit(exp.model, data, config, log, progress, after_step, start, exp.run.step.algo.weight_rounding)
+    algo = exp.run.step.algo
+    return fit(exp.model, data, config, log, progress, after_step, start, algo.weight_rounding,
+               fit_micro_batch(config.batch_size, algo.micro_batch_size))

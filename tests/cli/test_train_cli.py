@@ -242,14 +242,17 @@ def test_bad_config_gives_one_line_and_exit_2(args, message, capsys, tmp_path):
     assert not (tmp_path / "w").exists()  # nothing written
 
 
-@pytest.mark.parametrize("case", ["bad init", "holes on countdown", "negative eval-every"])
+@pytest.mark.parametrize("case", ["bad init", "holes on countdown", "negative eval-every", "uneven micro-batches"])
 def test_sft_bad_input_gives_one_line_and_writes_nothing(case, capsys, tmp_path):
     from ragen_jax.cli import sft
 
     config, extra, message = {
         "bad init": (CONFIG, ["--init", str(tmp_path / "none")], f"model.init='{tmp_path / 'none'}'"),
         "holes on countdown": (str(ROOT / "configs" / "countdown_tiny.py"), ["--name-holes"], "only, not env Countdown"),
-        "negative eval-every": (CONFIG, ["--eval-every", "-1"], "--eval-every=-1 must be >= 0")}[case]
+        "negative eval-every": (CONFIG, ["--eval-every", "-1"], "--eval-every=-1 must be >= 0"),
+        "uneven micro-batches": (CONFIG, ["--batch-size", "12", "--config.algo.micro_batch_size=8",
+                                          "--config.algo.mini_batch_size=16"],
+                                 "--batch-size=12 must be a multiple of algo.micro_batch_size=8")}[case]
     code = sft.main(["--config", config, "--workdir", str(tmp_path / "w"), *extra])
     line = one_error_line(capsys, code)
     assert message in line, line

@@ -165,6 +165,34 @@ def test_a_fit_continued_from_its_step_ends_where_one_fit_ends(demos):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("demos", ["SimpleSokoban"], indirect=True)  # one game is enough here
+def test_a_fit_in_micro_batches_takes_the_whole_minibatchs_steps(demos):
+    """Minibatches of 4 rows run 2 at a time (the run config's `algo.micro_batch_size`, as a
+    fit of a real model needs on one TPU chip) take the same steps as 4 at once: the same
+    losses and weights up to float summation order."""
+    _, _, traj = demos
+    config = sft.SFTConfig(episodes=12, epochs=1, batch_size=4, lr=3e-3, warmup_steps=1)
+    whole, micro = tiny_model(1, TEST_LAYERS), tiny_model(1, TEST_LAYERS)
+    want = sft.fit(whole, traj, config, log=lambda _: None)
+    got = sft.fit(micro, traj, config, log=lambda _: None, micro_batch=sft.fit_micro_batch(4, 2))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(micro))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)
+    assert not np.allclose(np.asarray(jax.tree.leaves(nnx.state(whole))[0]),
+                           np.asarray(jax.tree.leaves(nnx.state(tiny_model(1, TEST_LAYERS)))[0]))  # it moved
+
+
+@pytest.mark.parametrize("batch, micro, rows", [(32, 8, 8), (32, 0, None), (32, "auto", None), (8, 8, None),
+                                                (8, 16, None)])
+def test_the_fits_micro_batch_is_the_configs_where_it_is_smaller(batch, micro, rows):
+    assert sft.fit_micro_batch(batch, micro) == rows
+
+
+def test_a_micro_batch_that_does_not_divide_the_fits_batch_is_refused():
+    with pytest.raises(ValueError, match="--batch-size=12 must be a multiple of algo.micro_batch_size=8"):
+        sft.fit_micro_batch(12, 8)
+
+
 def test_stochastic_rounding_lets_the_fits_1e_6_steps_move_bfloat16_weights():
     """bfloat16 weights fitted at lr 1e-6 (an Adam step of about 1e-6 per weight): rounded to
     nearest, no weight above 0.01 in magnitude moves (their spacing is at least 6e-5); with

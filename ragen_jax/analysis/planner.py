@@ -469,6 +469,7 @@ def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
     import jax
 
     from ragen_jax.core import sharding
+    from ragen_jax.models.cache import layout_for
     from ragen_jax.run.config import ConfigError, build
     from ragen_jax.run.experiment import resolved_micro_batch
     from ragen_jax.training.step import Trainer
@@ -484,9 +485,9 @@ def abstract_trainer(config, mesh_shape, preset: str | None, devices=None):
                               f"{len(devices)}{fresh}")
         devices = devices[:need]
     config = config.copy_and_resolve_references()
-    with config.unlocked():
-        if devices[0].platform == "tpu" and config.model.get("kv_layout", "auto") == "auto":
-            config.model.kv_layout = "heads_minor"  # what "auto" picks on a TPU backend
+    with config.unlocked():  # "auto" as the target's backend would pick it (this process may be a CPU's)
+        if config.model.get("kv_layout", "auto") == "auto":
+            config.model.kv_layout = layout_for(devices[0].platform)
     cfg, name = model_config(config, preset)
     with config.unlocked():
         if mesh_shape is not None:

@@ -92,12 +92,16 @@ class KVCache:
         return jnp.swapaxes(a.reshape(*lead, s, self.kv_heads, width // self.kv_heads), -3, -2)
 
 
+def layout_for(platform: str) -> str:
+    """What `kv_layout="auto"` stores on `platform`: heads-minor on a TPU, else heads-major."""
+    return "heads_minor" if platform == "tpu" else "heads_major"
+
+
 def stores_heads_minor(cfg: DecoderConfig) -> bool:
     """Whether `init_cache` stores keys/values heads-minor (`DecoderConfig.kv_layout`; "auto":
-    on a TPU backend)."""
-    if cfg.kv_layout == "auto":
-        return jax.default_backend() == "tpu"
-    return cfg.kv_layout == "heads_minor"
+    `layout_for` the default backend)."""
+    layout = layout_for(jax.default_backend()) if cfg.kv_layout == "auto" else cfg.kv_layout
+    return layout == "heads_minor"
 
 
 def init_cache(cfg: DecoderConfig, batch: int, length: int, dtype=None,

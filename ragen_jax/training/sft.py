@@ -215,7 +215,7 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
     graph, params = nnx.split(model)
     done, params, opt = start if start is not None else (0, params, tx.init(params))
     update = update_step(graph, tx, micro_batch)
-    stochastic = weight_rounding == "stochastic"
+    seed_key = jax.random.key(config.seed) if weight_rounding == "stochastic" else None
 
     rng = np.random.default_rng(config.seed)
     losses = []
@@ -230,7 +230,7 @@ def fit(model, data: Trajectories, config: SFTConfig, log=print, progress: bool 
                     continue
                 idx = order[i * config.batch_size:(i + 1) * config.batch_size]
                 mb = jax.tree.map(lambda a: a[idx], batch)
-                key = jax.random.fold_in(jax.random.key(config.seed), step) if stochastic else None
+                key = None if seed_key is None else jax.random.fold_in(seed_key, step)
                 params, opt, loss = update(params, opt, compact(mb) if config.compact else mb, key)
                 epoch_losses.append(float(loss))
                 if bar is not None:
